@@ -1,0 +1,210 @@
+"""`coordl.ImageFolder`: torchvision's ImageFolder, split into fetch and prep.
+
+    fetch(i) -> bytes                      storage (or the MinIO cache) only
+    prep(raw, i, epoch) -> (image, label)  decode + augment only
+
+`ds[i]` is `prep(fetch(i), i, ds.epoch)`. `__getitems__` (what torch's
+DataLoader calls for a batch) writes each sample straight into its slot of
+one uint8 (B, H, W, 3) batch buffer, allocated in shared memory inside a
+worker so the batch reaches the training process by file descriptor, with no
+pickling of pixels. The batch is handed out as (B, 3, H, W) in channels_last
+memory format.
+
+An item's augmentation is a pure function of (seed, epoch, index), so batches
+are identical whatever `num_workers` is. The epoch comes with each batch of
+indices from `coordl.DataLoader` (see loader.EpochBatch), so persistent
+workers need no message to learn it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from coordl.pipelines import cpu, crop
+
+from coordl.cache import storage
+from .errors import ConfigError, SampleError
+from .manifest import IMG_EXTENSIONS, scan
+from .stats import Counters
+
+_TRANSFORMS = ("train", "val")
+_ON_ERROR = ("raise", "skip")
+
+
+class PreparedBatch(list):
+    """A batch built by `__getitems__`: a list of (image, label) views, for
+    torch's default_collate, that also carries the stacked tensors so that
+    coordl's collate returns them without a copy."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int]):
+        super().__init__(zip(images, labels.tolist()))
+        self.images, self.labels, self.indices = images, labels, indices
+
+
+def _alloc_batch(n: int, size: int) -> torch.Tensor:
+    """uint8 (n, size, size, 3); in shared memory when called in a worker process."""
+    if torch.utils.data.get_worker_info() is not None:
+        storage_ = torch.UntypedStorage._new_shared(n * size * size * 3)
+        return torch.empty(0, dtype=torch.uint8).set_(storage_).view(n, size, size, 3)
+    return torch.empty((n, size, size, 3), dtype=torch.uint8)
+
+
+class ImageFolder(torch.utils.data.Dataset):
+    """A map-style dataset over ``root/<class>/<image>`` with torchvision's semantics.
+
+    Args:
+        root: folder with one sub-folder per class.
+        transform: ``"train"`` (RandomResizedCrop + flip), ``"val"`` (resize +
+            center crop), ``None`` (the decoded RGB PIL image, as torchvision) or
+            a callable applied to the RGB PIL image.
+        size: output height and width for ``"train"`` / ``"val"``.
+        extensions: file name endings that count as images.
+        on_error: ``"raise"`` (a bad file raises `SampleError` naming it) or
+            ``"skip"`` (the sample is dropped from its batch and counted).
+        seed: augmentation seed; an item's randomness is a function of
+            (seed, epoch, index).
+        target_transform, is_valid_file: as in torchvision.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        transform: str | Callable | None = "train",
+        size: int = 224,
+        extensions: Sequence[str] | None = IMG_EXTENSIONS,
+        on_error: str = "raise",
+        seed: int = 0,
+        target_transform: Callable | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+    ) -> None:
+        if isinstance(transform, str) and transform not in _TRANSFORMS:
+            raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
+        if not (isinstance(size, int) and size > 0):
+            raise ConfigError(f"size={size!r} must be a positive int (output height and width)")
+        if on_error not in _ON_ERROR:
+            raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+        self.manifest = scan(root, extensions, is_valid_file, allow_empty=on_error == "skip")
+        self.root = self.manifest.root
+        self.transform, self.size, self.on_error, self.seed = transform, size, on_error, int(seed)
+        self.target_transform = target_transform
+        self.classes = list(self.manifest.classes)
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        self.epoch = 0
+        self.counters = Counters(0)
+        self.cache: Any = None          # a MinIO cache, set by coordl.DataLoader(cache=...)
+        self.drop_page_cache = False    # read storage without leaving pages behind
+
+    # -- torchvision attributes (built on demand: no per-item objects are kept) --
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        m = self.manifest
+        return [(m.path(i), int(m.labels[i])) for i in range(len(m))]
+
+    @property
+    def imgs(self) -> list[tuple[str, int]]:
+        return self.samples
+
+    @property
+    def targets(self) -> list[int]:
+        return self.manifest.labels.tolist()
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest.fingerprint
+
+    def __len__(self) -> int:
+        return len(self.manifest)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    # -- the two halves --
+    def fetch(self, i: int) -> bytes | memoryview:
+        """The encoded bytes of item i, from the cache when it holds them, else storage."""
+        cache = self.cache
+        if cache is not None:
+            hit = cache.get(i)
+            if hit is not None:
+                self.counters.add(cache_hits=1)
+                return hit
+            self.counters.add(cache_misses=1)
+        path = self.manifest.path(i)
+        try:
+            raw = storage.read_file(path, drop_page_cache=self.drop_page_cache)
+        except OSError as e:
+            raise SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that it "
+                              "exists and is readable, or pass on_error='skip'") from None
+        self.counters.add(storage_reads=1, storage_bytes=len(raw))
+        if cache is not None and cache.put(i, raw):
+            self.counters.add(cache_inserts=1)
+        return raw
+
+    def prep(self, raw, i: int, epoch: int | None = None, out: np.ndarray | None = None):
+        """Decode and augment item i's bytes: (uint8 tensor (3, size, size), label)."""
+        epoch = self.epoch if epoch is None else epoch
+        self.counters.add(decodes=1)
+        try:
+            if self.transform == "train":
+                pixels = cpu.train(raw, self.size, crop.item_rng(self.seed, epoch, i), out=out)
+            elif self.transform == "val":
+                pixels = cpu.val(raw, self.size, out=out)
+            else:
+                img = cpu.decode(raw)
+                sample = img if self.transform is None else self.transform(img)
+                return sample, self._target(i)
+        except SampleError as e:
+            raise SampleError(f"{self.manifest.path(i)}: {e}: replace or remove the file, "
+                              "or pass on_error='skip'") from None
+        return torch.from_numpy(pixels).permute(2, 0, 1), self._target(i)
+
+    def _target(self, i: int):
+        label = int(self.manifest.labels[i])
+        return label if self.target_transform is None else self.target_transform(label)
+
+    def __getitem__(self, i: int):
+        sample = self.prep(self.fetch(i), i, self.epoch)
+        self.counters.add(samples=1)
+        return sample
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """One batch; a `PreparedBatch` for "train"/"val", else a list of samples."""
+        epoch = getattr(indices, "epoch", self.epoch)
+        if self.transform not in _TRANSFORMS:
+            out = []
+            for i in indices:
+                sample = self._try(lambda i=i: self.prep(self.fetch(i), i, epoch))
+                if sample is not None:
+                    out.append(sample)
+            self.counters.add(samples=len(out))
+            return out
+        images = _alloc_batch(len(indices), self.size)
+        pixels = images.numpy()
+        labels = torch.empty(len(indices), dtype=torch.int64)
+        kept: list[int] = []
+        for i in indices:
+            n = len(kept)
+            if self._try(lambda i=i, n=n: self.prep(self.fetch(i), i, epoch, out=pixels[n])) is None:
+                continue
+            labels[n] = int(self.manifest.labels[i])
+            kept.append(int(i))
+        self.counters.add(samples=len(kept))
+        n = len(kept)
+        return PreparedBatch(images[:n].permute(0, 3, 1, 2), labels[:n], kept)
+
+    def _try(self, work: Callable[[], Any]) -> Any:
+        try:
+            return work()
+        except SampleError:
+            if self.on_error == "raise":
+                raise
+            self.counters.add(errors_skipped=1)
+            return None
+
+    def __repr__(self) -> str:
+        return (f"ImageFolder(root={self.root!r}, items={len(self)}, classes={len(self.classes)}, "
+                f"transform={self.transform!r}, size={self.size})")

@@ -1,0 +1,33 @@
+"""The exception tree. Every error coordl raises derives from `CoordlError`.
+
+Each class takes a single message string, so that torch's DataLoader can
+re-raise it in the main process with the worker's traceback attached
+(`torch.utils.data._utils.ExceptionWrapper` rebuilds `exc_type(msg)`).
+Messages name the thing (file, parameter, server), the value, and the fix.
+"""
+
+from __future__ import annotations
+
+
+class CoordlError(Exception):
+    """Root of every error raised by coordl."""
+
+
+class ConfigError(CoordlError, ValueError):
+    """A parameter has a value coordl cannot use; the message names it and the fix."""
+
+
+class DatasetError(CoordlError):
+    """The dataset on disk is unusable: missing root, empty class folder, no images."""
+
+
+class SampleError(CoordlError):
+    """One item could not be read or decoded; the message names its file."""
+
+
+class CacheError(CoordlError):
+    """The shared-memory cache cannot be created, attached or written."""
+
+
+class CoordinatorError(CoordlError):
+    """The coordinator daemon refused a job, detached it, or went away."""

@@ -1,0 +1,139 @@
+"""`coordl.DataLoader`: a `torch.utils.data.DataLoader` that knows coordl datasets.
+
+It is an instance of torch's DataLoader and takes every one of its arguments
+with the same meaning; any dataset behaves exactly as under torch. With a
+coordl dataset (one that splits ``fetch``/``prep``, e.g. `coordl.ImageFolder`)
+it additionally:
+
+- counts epochs (each ``iter(loader)`` is one; `set_epoch` to resume) and
+  tags every batch of indices with its epoch (`EpochBatch`), so augmentation
+  is a pure function of (seed, epoch, item) even in persistent workers;
+- collates the dataset's prepared batch without a copy: uint8 (B, 3, H, W)
+  in channels_last memory format and int64 labels;
+- sums counters over all worker processes: `stats()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+
+from .dataset import PreparedBatch
+from .stats import Counters
+
+
+class EpochBatch(list):
+    """A batch of dataset indices that carries the epoch it belongs to."""
+
+    def __init__(self, indices, epoch: int) -> None:
+        super().__init__(indices)
+        self.epoch = epoch
+
+    def __reduce__(self):
+        return EpochBatch, (list(self), self.epoch)
+
+
+class EpochIndex(int):
+    """One dataset index (no auto-batching) that carries its epoch."""
+
+    def __new__(cls, index: int, epoch: int) -> EpochIndex:
+        obj = super().__new__(cls, index)
+        obj.epoch = epoch
+        return obj
+
+    def __reduce__(self):
+        return EpochIndex, (int(self), self.epoch)
+
+
+class _EpochTagged:
+    """Wraps the loader's index sampler; reads the loader's epoch when iterated."""
+
+    def __init__(self, sampler, epoch: int, batched: bool) -> None:
+        self.sampler, self.epoch, self.batched = sampler, epoch, batched
+
+    def __iter__(self) -> Iterator:
+        tag = EpochBatch if self.batched else EpochIndex
+        for item in self.sampler:
+            yield tag(item, self.epoch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+def collate(batch: Any) -> Any:
+    """Collate for coordl datasets: a `PreparedBatch` as is, anything else as torch does."""
+    if isinstance(batch, PreparedBatch):
+        return [batch.images, batch.labels]
+    return default_collate(batch)
+
+
+def is_coordl_dataset(dataset: Any) -> bool:
+    return all(callable(getattr(dataset, a, None)) for a in ("fetch", "prep", "set_epoch"))
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """Drop-in replacement for `torch.utils.data.DataLoader`; see the module docstring."""
+
+    def __init__(
+        self,
+        dataset,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler=None,
+        batch_sampler=None,
+        num_workers: int = 0,
+        collate_fn=None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn=None,
+        multiprocessing_context=None,
+        generator=None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+    ) -> None:
+        coordl_ds = is_coordl_dataset(dataset)
+        batched = batch_size is not None or batch_sampler is not None
+        if coordl_ds and collate_fn is None and batched:
+            collate_fn = collate
+        super().__init__(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order,
+        )
+        self._coordl_dataset = coordl_ds
+        self._next_epoch = 0
+        self.epoch = -1
+        self._counters = Counters(num_workers)
+        if coordl_ds:
+            dataset.counters = self._counters
+
+    @property
+    def _index_sampler(self):
+        sampler = super()._index_sampler
+        if not self._coordl_dataset:
+            return sampler
+        return _EpochTagged(sampler, self.epoch, self._auto_collation)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next ``iter(loader)`` runs (to resume a run at epoch ``epoch``)."""
+        self._next_epoch = int(epoch)
+
+    def __iter__(self):
+        self.epoch = self._next_epoch
+        self._next_epoch += 1
+        if self._coordl_dataset:
+            self.dataset.set_epoch(self.epoch)
+            self.dataset.counters = self._counters
+        return super().__iter__()
+
+    def stats(self) -> dict[str, int]:
+        """Counters summed over the main and all worker processes, over the loader's life."""
+        return self._counters.totals()

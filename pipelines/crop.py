@@ -1,0 +1,71 @@
+"""Crop planning: pure functions from image size and a random generator to a box.
+
+Planning is separate from pixel work (pipelines/cpu.py) so that tests can
+check the sampling statistics exactly and other pipelines (DALI) can reuse it.
+Boxes are (left, top, width, height) in pixels of the full-size image.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+SCALE = (0.08, 1.0)
+RATIO = (3.0 / 4.0, 4.0 / 3.0)
+VAL_RESIZE_RATIO = 0.875  # val: shorter side resized to size / 0.875 (224 -> 256)
+
+
+def item_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator for one item's augmentation: a pure function of (seed, epoch, index)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence((seed, epoch, index))))
+
+
+def random_resized_crop_box(
+    width: int, height: int, rng: np.random.Generator,
+    scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO,
+) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params, including its center-crop fallback."""
+    area = width * height
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return left, top, w, h
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def center_crop_box(width: int, height: int, size: int) -> tuple[float, float, float, float]:
+    """The region of the full image that torchvision's Resize(size/0.875) + CenterCrop(size) keeps.
+
+    Returned in full-image pixels (fractional), so that one resize with a
+    box does both steps.
+    """
+    resized = int(size / VAL_RESIZE_RATIO)
+    # torchvision Resize: the long side becomes int(resized * long / short)
+    rw = resized if width <= height else int(resized * width / height)
+    rh = resized if height <= width else int(resized * height / width)
+    crop = min(size, rw, rh)
+    left = int(round((rw - crop) / 2.0))
+    top = int(round((rh - crop) / 2.0))
+    sx, sy = width / rw, height / rh
+    return left * sx, top * sy, crop * sx, crop * sy
+
+
+def flip(rng: np.random.Generator) -> bool:
+    """Horizontal flip with probability 0.5."""
+    return bool(rng.random() < 0.5)
