@@ -70,7 +70,7 @@ def _resize_into(img: Image.Image, box, size: int, flip: bool, out: np.ndarray |
     if flip:
         pixels = pixels[:, ::-1]
     if out is None:
-        return np.ascontiguousarray(pixels)
+        out = np.empty((size, size, 3), dtype=np.uint8)
     out[...] = pixels
     return out
 

@@ -1,0 +1,64 @@
+"""Crop planning follows torchvision's RandomResizedCrop statistics."""
+
+import math
+
+import numpy as np
+import pytest
+
+from coordl.pipelines import crop
+
+
+def _boxes(width, height, n=4000, seed=0):
+    return [crop.random_resized_crop_box(width, height, crop.item_rng(seed, 0, k)) for k in range(n)]
+
+
+def test_boxes_inside_image_and_within_scale_and_ratio():
+    width, height = 500, 375
+    boxes = _boxes(width, height)
+    scales, ratios = [], []
+    for left, top, w, h in boxes:
+        assert 0 <= left and 0 <= top and left + w <= width and top + h <= height
+        scales.append(w * h / (width * height))
+        ratios.append(w / h)
+    scales, ratios = np.array(scales), np.array(ratios)
+    # rounding w and h to ints moves area and ratio by a pixel's worth
+    assert scales.min() >= 0.08 * 0.9 and scales.max() <= 1.0
+    assert ratios.min() >= 3 / 4 * 0.93 and ratios.max() <= 4 / 3 / 0.93
+    # scale ~ uniform(0.08, 1) for accepted draws: the mean sits below 0.54 (large draws are
+    # rejected more often) but well above the lower bound
+    assert 0.35 < scales.mean() < 0.56
+    # log-ratio roughly symmetric around 0
+    assert abs(np.log(ratios).mean()) < 0.03
+
+
+def test_fallback_is_center_crop_clamped_to_ratio():
+    # a 1000x20 strip: no draw fits, torchvision falls back to a centered crop at the max ratio
+    left, top, w, h = crop.random_resized_crop_box(1000, 20, crop.item_rng(0, 0, 0))
+    assert (w, h) == (round(20 * 4 / 3), 20)
+    assert left == (1000 - w) // 2 and top == 0
+
+
+def test_flip_half_the_time():
+    flips = sum(crop.flip(crop.item_rng(3, 1, k)) for k in range(4000))
+    # binomial(4000, 0.5): sd = 31.6; 5 sd bounds
+    assert abs(flips - 2000) < 160
+
+
+def test_item_rng_is_a_pure_function_of_seed_epoch_index():
+    a = crop.item_rng(7, 2, 11).random(4)
+    assert np.array_equal(a, crop.item_rng(7, 2, 11).random(4))
+    assert not np.array_equal(a, crop.item_rng(7, 3, 11).random(4))
+    assert not np.array_equal(a, crop.item_rng(8, 2, 11).random(4))
+    assert not np.array_equal(a, crop.item_rng(7, 2, 12).random(4))
+
+
+@pytest.mark.parametrize("w,h", [(500, 375), (375, 500), (224, 224), (640, 256)])
+def test_center_crop_box_matches_torchvision_resize_then_center_crop(w, h):
+    size = 224
+    left, top, cw, ch = crop.center_crop_box(w, h, size)
+    short = min(w, h)
+    scale = 256 / short
+    # the kept region is 224/256 of the shorter side, centred
+    assert math.isclose(min(cw, ch), size / scale, rel_tol=0.02)
+    assert math.isclose(left + cw / 2, w / 2, abs_tol=1.5 / scale)
+    assert math.isclose(top + ch / 2, h / 2, abs_tol=1.5 / scale)
