@@ -10,18 +10,24 @@ it additionally:
   is a pure function of (seed, epoch, item) even in persistent workers;
 - collates the dataset's prepared batch without a copy: uint8 (B, 3, H, W)
   in channels_last memory format and int64 labels;
-- sums counters over all worker processes: `stats()`.
+- sums counters over all worker processes: `stats()`;
+- with ``cache="8GiB"`` (or a `coordl.MinIOCache`), serves items through the
+  node-wide MinIO cache and reads storage without filling the page cache
+  (``drop_page_cache``, on by default with a cache).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import default_collate
 
+from .caching import cache_for
 from .dataset import PreparedBatch
+from .errors import ConfigError
 from .stats import Counters
 
 
@@ -49,15 +55,24 @@ class EpochIndex(int):
 
 
 class _EpochTagged:
-    """Wraps the loader's index sampler; reads the loader's epoch when iterated."""
+    """Wraps the loader's index sampler; reads the loader's epoch each time it is iterated.
 
-    def __init__(self, sampler, epoch: int, batched: bool) -> None:
-        self.sampler, self.epoch, self.batched = sampler, epoch, batched
+    torch's iterators keep the index sampler they were built with and re-iterate it
+    for every epoch of persistent workers, so the epoch is read here, not stored.
+    The loader is held by weak reference: iterator -> sampler -> loader would
+    otherwise form a cycle that keeps worker processes alive until gc runs.
+    """
+
+    def __init__(self, sampler, loader: DataLoader, batched: bool) -> None:
+        self.sampler, self.batched = sampler, batched
+        self._loader = weakref.ref(loader)
 
     def __iter__(self) -> Iterator:
         tag = EpochBatch if self.batched else EpochIndex
+        loader = self._loader()
+        epoch = loader.epoch if loader is not None else 0
         for item in self.sampler:
-            yield tag(item, self.epoch)
+            yield tag(item, epoch)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -97,6 +112,8 @@ class DataLoader(torch.utils.data.DataLoader):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        cache=None,
+        drop_page_cache: bool | None = None,
     ) -> None:
         coordl_ds = is_coordl_dataset(dataset)
         batched = batch_size is not None or batch_sampler is not None
@@ -114,13 +131,14 @@ class DataLoader(torch.utils.data.DataLoader):
         self._counters = Counters(num_workers)
         if coordl_ds:
             dataset.counters = self._counters
+        _setup_cache(dataset, coordl_ds, cache, drop_page_cache)
 
     @property
     def _index_sampler(self):
         sampler = super()._index_sampler
         if not self._coordl_dataset:
             return sampler
-        return _EpochTagged(sampler, self.epoch, self._auto_collation)
+        return _EpochTagged(sampler, self, self._auto_collation)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter(loader)`` runs (to resume a run at epoch ``epoch``)."""
@@ -135,5 +153,22 @@ class DataLoader(torch.utils.data.DataLoader):
         return super().__iter__()
 
     def stats(self) -> dict[str, int]:
-        """Counters summed over the main and all worker processes, over the loader's life."""
-        return self._counters.totals()
+        """Counters summed over the main and all worker processes, over the loader's life;
+        with a cache also its node-wide state: cache_bytes, cache_items, cache_capacity."""
+        totals = self._counters.totals()
+        cache = getattr(self.dataset, "cache", None) if self._coordl_dataset else None
+        if cache is not None:
+            totals.update(cache.stats())
+        return totals
+
+
+def _setup_cache(dataset, coordl_ds: bool, cache, drop_page_cache: bool | None) -> None:
+    """Open the MinIO cache for a coordl dataset (``cache=``) and set how storage is read."""
+    if cache is None and drop_page_cache is None:
+        return
+    if not coordl_ds:
+        raise ConfigError(f"cache= and drop_page_cache= need a coordl dataset (one with fetch/prep, "
+                          f"e.g. coordl.ImageFolder), not {type(dataset).__name__}: leave them unset")
+    if cache is not None:
+        dataset.cache = cache_for(dataset, cache)
+    dataset.drop_page_cache = dataset.cache is not None if drop_page_cache is None else bool(drop_page_cache)
