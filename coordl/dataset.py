@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from coordl.cache import storage
 from coordl.pipelines import cpu, crop
 
-from coordl.cache import storage
 from .errors import ConfigError, SampleError
 from .manifest import IMG_EXTENSIONS, scan
 from .stats import Counters

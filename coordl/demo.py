@@ -42,7 +42,7 @@ def run_demo(root: str, images: int, batch_size: int, workers: int, epochs: int,
     del loader
     click.echo(f"      batch {tuple(x.shape)} {x.dtype}, labels {tuple(y.shape)} {y.dtype}; "
                f"stats: {stats}")
-    click.echo(f"[3/3] torch.utils.data.DataLoader + Pillow (torchvision-style Dataset), same settings")
+    click.echo("[3/3] torch.utils.data.DataLoader + Pillow (torchvision-style Dataset), same settings")
     base = torch.utils.data.DataLoader(TorchvisionStyleFolder(root), worker_init_fn=worker_init_fn, **common)
     time_epochs(base, 1)
     theirs = time_epochs(base, epochs)

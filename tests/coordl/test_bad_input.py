@@ -58,7 +58,7 @@ def test_raise_reaches_the_training_loop_from_a_worker(bad_root, workers):
 def test_skip_drops_and_counts_and_the_epoch_completes(bad_root, workers):
     ds = _dataset(bad_root, on_error="skip")
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers)
-    for epoch in range(2):
+    for _epoch in range(2):
         n = sum(len(y) for _, y in loader)
         assert n == len(ds) - len(BAD) == 40
     stats = loader.stats()
