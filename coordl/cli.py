@@ -10,6 +10,7 @@ import time
 
 import click
 
+from . import cli_cache
 from .errors import CoordlError
 
 
@@ -83,6 +84,10 @@ def demo(images, batch_size, workers, epochs, data):
     with tempfile.TemporaryDirectory(prefix="coordl-demo-") as tmp:
         root = data or os.path.join(tmp, "data")
         run_demo(root, images, batch_size, workers, epochs, make=data is None)
+
+
+main.add_command(cli_cache.cache_group)
+main.add_command(cli_cache.cleanup_cmd)
 
 
 if __name__ == "__main__":

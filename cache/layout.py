@@ -1,0 +1,162 @@
+"""The bytes inside a MinIO cache segment, as numpy views on the shared mapping.
+
+    [0, 4096)                 header (HEADER below)
+    [4096, data_offset)       index: offsets int64[n], then lengths int64[n]
+    [data_offset, +capacity)  arena: item bytes, packed back to back, append-only
+
+Item i is cached when ``lengths[i] > 0``; its bytes are
+``arena[offsets[i] : offsets[i] + lengths[i]]``. The header's ``used`` is the
+end of the last reservation in the arena: it only grows. Nothing here is a
+Python object per item, so forked workers share every page.
+
+Publish order (writers hold the writers' lock, see `cache.shm`): reserve
+(``used += n``), copy the bytes, store ``offsets[i]``, store ``lengths[i]``.
+Readers load ``lengths[i]`` first, then ``offsets[i]``, then the bytes, and
+take no lock. On x86-64 (total store order, aligned 8-byte stores) a reader
+that sees a non-zero length therefore sees the complete entry. A writer killed
+between reserve and publish leaks its reservation; nothing can read it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+
+import numpy as np
+
+from coordl.errors import CacheError
+
+from . import shm
+
+MAGIC = b"COORDLMC"
+VERSION = 1
+HEADER_BYTES = 4096
+PID_SLOTS = 128  # attached processes listed by `coordl cache ls` (more still work, unlisted)
+
+HEADER = np.dtype([
+    ("magic", "S8"),
+    ("version", "<i8"),
+    ("capacity", "<i8"),       # arena bytes
+    ("n_items", "<i8"),        # items in the dataset (index length)
+    ("data_offset", "<i8"),    # where the arena starts in the file
+    ("used", "<i8"),           # arena bytes reserved so far (only grows)
+    ("creator_pid", "<i8"),
+    ("creator_start", "<i8"),  # /proc start time of the creator (pid reuse guard)
+    ("created_ns", "<i8"),     # time.time_ns() at creation
+    ("fingerprint", "S64"),    # sha256 hex of the dataset manifest
+    ("label", "S256"),         # what the dataset is, for humans (its root folder)
+    ("pids", "<i8", (PID_SLOTS, 2)),  # (pid, start time) of attached processes; 0: free
+])
+assert HEADER.itemsize <= HEADER_BYTES
+
+
+def data_offset(n_items: int) -> int:
+    """The arena starts page-aligned after the index."""
+    return HEADER_BYTES + -(-16 * n_items // 4096) * 4096
+
+
+def file_size(n_items: int, capacity: int) -> int:
+    return data_offset(n_items) + capacity
+
+
+class Segment:
+    """Views on one mapped segment file; `fd` is the process's open file (locks live on it)."""
+
+    def __init__(self, fd: int, path: str, writable: bool = True, whole: bool = True) -> None:
+        self.fd, self.path = fd, path
+        size = os.fstat(fd).st_size
+        if size < HEADER_BYTES:
+            raise CacheError(f"{path} is not a coordl cache segment ({size} bytes): remove it "
+                             f"(coordl cache drop {os.path.basename(path)})")
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        head = np.frombuffer(mmap.mmap(fd, HEADER_BYTES, access=access), HEADER, 1)
+        end = int(head["data_offset"][0]) + int(head["capacity"][0]) if head["magic"][0] == MAGIC else 0
+        if head["magic"][0] != MAGIC or head["version"][0] != VERSION or size != end:
+            raise CacheError(f"{path} is not a coordl cache segment of version {VERSION} (or it is "
+                             f"truncated): remove it (coordl cache drop {os.path.basename(path)})")
+        self.map = mmap.mmap(fd, size if whole else int(head["data_offset"][0]), access=access)
+        self.head = np.frombuffer(self.map, HEADER, 1)
+        n = self.n_items
+        index = np.frombuffer(self.map, np.int64, 2 * n, offset=HEADER_BYTES)
+        self.offsets, self.lengths = index[:n], index[n:]
+        self.arena = memoryview(self.map)[self.data_offset:] if whole else None
+
+    def field(self, key: str):
+        return self.head[key][0]
+
+    @property
+    def n_items(self) -> int:
+        return int(self.field("n_items"))
+
+    @property
+    def capacity(self) -> int:
+        return int(self.field("capacity"))
+
+    @property
+    def data_offset(self) -> int:
+        return int(self.field("data_offset"))
+
+    @property
+    def used(self) -> int:
+        return int(self.field("used"))
+
+    @property
+    def fingerprint(self) -> str:
+        return self.field("fingerprint").decode()
+
+    @classmethod
+    def create(cls, fd: int, path: str, capacity: int, n_items: int, fingerprint: str,
+               label: str) -> Segment:
+        """Write the header of a fresh, zero-filled file (nobody else sees it yet) and map it."""
+        head = np.frombuffer(mmap.mmap(fd, HEADER_BYTES), HEADER, 1)
+        start = shm.proc_start(os.getpid()) or 0
+        for key, value in (("version", VERSION), ("capacity", capacity), ("n_items", n_items),
+                           ("data_offset", data_offset(n_items)), ("used", 0),
+                           ("creator_pid", os.getpid()), ("creator_start", start),
+                           ("created_ns", time.time_ns()), ("fingerprint", fingerprint.encode()),
+                           ("label", label.encode("utf-8", "replace")[:256])):
+            head[key] = value
+        head["magic"] = MAGIC  # last: a segment without magic is refused
+        return cls(fd, path)
+
+    # -- stats, lock-free (exact for published entries) --
+    def cached_bytes(self) -> int:
+        return int(self.lengths.sum())
+
+    def cached_items(self) -> int:
+        return int(np.count_nonzero(self.lengths))
+
+    # -- attached processes; call with the writers' lock held --
+    def register(self, pid: int, start: int) -> None:
+        table = self.head["pids"][0]
+        for slot in table:
+            if slot[0] == 0 or not shm.alive(int(slot[0]), int(slot[1])):
+                slot[1], slot[0] = start, pid
+                return
+
+    def unregister(self, pid: int) -> None:
+        table = self.head["pids"][0]
+        table[table[:, 0] == pid] = 0
+
+    def attached(self) -> list[int]:
+        """Living processes in the pid table."""
+        return [int(p) for p, s in self.head["pids"][0] if p and shm.alive(int(p), int(s))]
+
+    def creator_alive(self) -> bool:
+        return shm.alive(int(self.field("creator_pid")), int(self.field("creator_start")))
+
+    def close(self) -> None:
+        """Unmap (unless the caller still holds views of item bytes: then when they go) and close fd."""
+        self.head = self.offsets = self.lengths = None
+        for buf in (self.arena, self.map):
+            try:
+                if buf is not None:
+                    buf.release() if isinstance(buf, memoryview) else buf.close()
+            except BufferError:
+                pass  # item views handed out by get() are alive: the mapping goes with the last one
+        self.arena = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+

@@ -1,0 +1,243 @@
+"""The MinIO static cache: a node-wide shared-memory cache of items' encoded bytes.
+
+Admission is "first touch until full": an item is stored the first time any
+process offers it, if it still fits; nothing is ever evicted or replaced. So
+every epoch after the first serves exactly ``cached bytes / dataset bytes`` of
+its bytes from memory, where the page cache (an LRU) thrashes under random
+order. `get` returns a zero-copy memoryview into the shared arena.
+
+NOTE [lifecycle of a cache segment]
+- Who creates: the first process that opens the cache for a dataset
+  fingerprint (`MinIOCache.open`, done by `coordl.DataLoader(cache=...)` in the
+  training process). It checks free space (statvfs), builds the file under a
+  temporary name with every byte allocated (posix_fallocate: no SIGBUS later),
+  writes the header, and publishes it with link(): a racing creator loses the
+  link, deletes its copy and attaches to the winner's.
+- Who attaches: every other process opening the same fingerprint (other jobs,
+  restarted jobs, spawned workers via __setstate__). Forked workers inherit
+  the mapping; on first use they reopen the file (own lock state, see
+  `cache.shm`) and register themselves. Attached processes hold a shared lock
+  on byte 1 and a slot in the header's pid table.
+- Who writes: any attached process, one at a time, under the writers' lock.
+  SIGKILL while holding it: the kernel releases the lock; the entry being
+  written was reserved but never published, so no reader can see it (its
+  bytes are lost capacity).
+- Who unlinks: only `drop()` / `coordl cache drop`, and `coordl cleanup` for a
+  segment whose creator is dead and to which no process is attached.
+  `close()` and process exit only detach. A dropped segment stays mapped (and
+  correct) in processes still attached to it until they close; new openers
+  build a new one.
+- After SIGKILL of any process: its locks are released by the kernel, its pid
+  slot is recognised as dead (pid plus start time) and reused; the segment
+  stays until dropped or cleaned up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+from coordl.errors import CacheError, ConfigError
+
+from . import shm
+from .layout import Segment, file_size
+
+_OPEN_TRIES = 5
+
+
+class MinIOCache:
+    """A node-wide cache of encoded item bytes for one dataset fingerprint.
+
+    Args:
+        capacity: bytes of item data the cache may hold (its shared-memory
+            segment is this plus a 16-byte-per-item index).
+        directory: the shared-memory folder that holds the segment.
+        name: segment name (default ``coordl-cache-<fingerprint[:16]>``, which
+            is how every process on the node finds the same cache).
+
+    Nothing is allocated until `open` (done by ``coordl.DataLoader``). If the
+    segment exists already, `open` attaches to it and its capacity wins.
+    """
+
+    def __init__(self, capacity: int, *, directory: str = shm.DEFAULT_DIR, name: str | None = None) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise ConfigError(f"capacity={capacity!r} must be a positive number of bytes, e.g. 8 * 2**30")
+        self.capacity, self.directory, self._name = capacity, os.fspath(directory), name
+        self.fingerprint: str | None = None
+        self._n = 0
+        self._label = ""
+        self._seg: Segment | None = None
+        self._pid = os.getpid()
+        self._tlock = threading.Lock()
+
+    # -- opening --
+    @property
+    def name(self) -> str | None:
+        return None if self.fingerprint is None else shm.segment_name(self.fingerprint, self._name)
+
+    @property
+    def path(self) -> str | None:
+        return None if self.name is None else os.path.join(self.directory, self.name)
+
+    def open(self, fingerprint: str, n_items: int, label: str = "") -> MinIOCache:
+        """Attach to the cache of this dataset on this node, creating it if there is none."""
+        if self.fingerprint is not None and self.fingerprint != fingerprint:
+            raise ConfigError(f"this MinIOCache already serves dataset {self.fingerprint[:16]}; "
+                              "make one MinIOCache per dataset")
+        if self._seg is not None:
+            return self
+        self.fingerprint, self._n, self._label = fingerprint, int(n_items), label
+        for _ in range(_OPEN_TRIES):
+            seg = self._attach() or self._create()
+            if seg is not None:
+                self._seg, self._pid, self.capacity = seg, os.getpid(), seg.capacity
+                self._register()
+                return self
+        raise CacheError(f"cannot open cache segment {self.path}: it is being created and removed "
+                         "concurrently; retry, or drop it with `coordl cache drop`")
+
+    def _attach(self) -> Segment | None:
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        try:
+            shm.hold_attached(fd)
+            if os.fstat(fd).st_nlink == 0:  # dropped or cleaned up while we opened it
+                os.close(fd)
+                return None
+            seg = Segment(fd, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if seg.fingerprint != self.fingerprint or seg.n_items != self._n:
+            seg.close()
+            raise CacheError(
+                f"cache segment {self.path} holds dataset {seg.fingerprint[:16]} ({seg.n_items} items), "
+                f"not {self.fingerprint[:16]} ({self._n} items): pass another name=, or drop it "
+                f"(coordl cache drop {self.name})")
+        return seg
+
+    def _create(self) -> Segment | None:
+        size = file_size(self._n, self.capacity)
+        fd, tmp = shm.create_tmp(self.directory, self.name, size, self.capacity)
+        try:
+            seg = Segment.create(fd, tmp, self.capacity, self._n, self.fingerprint, self._label)
+            shm.hold_attached(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        if not shm.publish(tmp, self.path):
+            seg.close()
+            return None  # another process published first: attach to it
+        seg.path = self.path
+        return seg
+
+    def _register(self) -> None:
+        with self._writer() as seg:
+            seg.register(os.getpid(), shm.proc_start(os.getpid()) or 0)
+
+    def _segment(self) -> Segment:
+        seg = self._seg
+        if seg is None:
+            raise CacheError("the MinIOCache is not open: pass it to coordl.DataLoader(cache=...) "
+                             "or call cache.open(fingerprint, n_items)")
+        if self._pid != os.getpid():
+            self._after_fork(seg)
+        return seg
+
+    def _after_fork(self, seg: Segment) -> None:
+        """In a forked child: own open file (own locks), own thread lock, own pid slot."""
+        self._pid, self._tlock = os.getpid(), threading.Lock()
+        seg.fd = shm.reopen(seg.fd)
+        shm.hold_attached(seg.fd)
+        self._register()
+
+    # -- the two operations --
+    def get(self, i: int) -> memoryview | None:
+        """Item i's bytes (a zero-copy view into shared memory), or None when not cached."""
+        seg = self._segment()
+        if not 0 <= i < self._n:
+            raise IndexError(f"item {i} is out of range for a cache of {self._n} items")
+        n = int(seg.lengths[i])  # length first: non-zero means offset and bytes are complete
+        if n == 0:
+            return None
+        off = int(seg.offsets[i])
+        return seg.arena[off:off + n]
+
+    def put(self, i: int, raw: bytes | memoryview) -> bool:
+        """Offer item i's bytes; True when they were admitted (first touch, if they fit)."""
+        seg = self._segment()
+        if not 0 <= i < self._n:
+            raise IndexError(f"item {i} is out of range for a cache of {self._n} items")
+        n = memoryview(raw).nbytes
+        if n == 0 or seg.lengths[i] != 0 or seg.used + n > seg.capacity:  # `used` only grows
+            return False
+        with self._writer() as seg:
+            off = seg.used
+            if seg.lengths[i] != 0 or off + n > seg.capacity:
+                return False
+            seg.head["used"] = off + n     # 1. reserve: a writer killed from here on leaks, never exposes
+            self._write(seg, off, raw)     # 2. copy the bytes
+            seg.offsets[i] = off           # 3. publish: offset, then length
+            seg.lengths[i] = n
+        return True
+
+    def _write(self, seg: Segment, off: int, raw) -> None:
+        seg.arena[off:off + memoryview(raw).nbytes] = memoryview(raw).cast("B")
+
+    @contextlib.contextmanager
+    def _writer(self) -> Iterator[Segment]:
+        """The writers' lock: a thread lock, then the cross-process OFD lock on byte 0."""
+        seg = self._segment()
+        with self._tlock:
+            shm.lock_writer(seg.fd)
+            try:
+                yield seg
+            finally:
+                shm.unlock_writer(seg.fd)
+
+    # -- state --
+    def stats(self) -> dict[str, int]:
+        """cache_bytes (encoded bytes of cached items, no padding), cache_items, cache_capacity."""
+        seg = self._segment()
+        return {"cache_bytes": seg.cached_bytes(), "cache_items": seg.cached_items(),
+                "cache_capacity": seg.capacity}
+
+    def close(self) -> None:
+        """Detach this process (the segment stays for the next job; `drop` removes it)."""
+        seg = self._seg
+        if seg is None:
+            return
+        if self._pid == os.getpid():
+            with self._writer():
+                seg.unregister(os.getpid())
+        self._seg = None
+        seg.close()
+
+    def drop(self) -> None:
+        """Remove the segment from the node (processes still attached keep their mapping)."""
+        path = self.path
+        self.close()
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def __getstate__(self) -> dict:
+        """Pickled into spawned workers by name: they re-attach, the arena is never copied."""
+        return {"capacity": self.capacity, "directory": self.directory, "name": self._name,
+                "fingerprint": self.fingerprint, "n": self._n, "label": self._label}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["capacity"], directory=state["directory"], name=state["name"])
+        if state["fingerprint"] is not None:
+            self.open(state["fingerprint"], state["n"], state["label"])
+
+    def __repr__(self) -> str:
+        where = self.path or f"{self.directory} (not open)"
+        return f"MinIOCache(capacity={shm.fmt_bytes(self.capacity)}, segment={where})"

@@ -1,0 +1,72 @@
+"""`coordl cache ls|drop` and `coordl cleanup`.
+
+`cleanup` runs every function in `CLEANERS`; each takes the shared-memory
+folder and returns the names it removed. A component that leaves segments
+behind when killed adds its own cleaner with one line: ``CLEANERS.append(f)``
+(or an entry in the list below).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+
+from coordl.cache import admin, shm
+
+#: cleaner(directory) -> names removed; run in order by `coordl cleanup`.
+CLEANERS: list[Callable[[str], list[str]]] = [
+    admin.cleanup,  # MinIO cache segments whose creator is dead and that nothing is attached to
+]
+
+_DIR = click.option("--dir", "directory", default=shm.DEFAULT_DIR, show_default=True,
+                    type=click.Path(file_okay=False), help="Shared-memory folder.")
+
+
+@click.group("cache")
+def cache_group() -> None:
+    """The node-wide MinIO caches in shared memory."""
+
+
+@cache_group.command("ls")
+@_DIR
+def ls_cmd(directory: str) -> None:
+    """Each cache: dataset, capacity, fill, items, creator and attached processes."""
+    infos = admin.list_caches(directory)
+    if not infos:
+        click.echo(f"no coordl cache in {directory}")
+        return
+    for c in infos:
+        fill = 100.0 * c.cached_bytes / c.capacity if c.capacity else 0.0
+        creator = f"{c.creator_pid} ({'alive' if c.creator_alive else 'dead'})"
+        click.echo(f"{c.name}\n  dataset     {c.fingerprint[:16]}  {c.label}\n"
+                   f"  capacity    {shm.fmt_bytes(c.capacity)}\n"
+                   f"  fill        {shm.fmt_bytes(c.cached_bytes)} ({fill:.1f}%)\n"
+                   f"  items       {c.items} of {c.n_items}\n"
+                   f"  creator     {creator}\n"
+                   f"  attached    {', '.join(map(str, c.attached)) or 'none'}")
+
+
+@cache_group.command("drop")
+@click.argument("name", required=False)
+@click.option("--all", "drop_all", is_flag=True, help="Drop every coordl cache in the folder.")
+@_DIR
+def drop_cmd(name: str | None, drop_all: bool, directory: str) -> None:
+    """Remove cache NAME (segment name or fingerprint prefix), or --all of them."""
+    if (name is None) == (not drop_all):
+        raise click.UsageError("give a cache NAME (see `coordl cache ls`) or --all, not both")
+    names = admin.drop_all(directory) if drop_all else [admin.drop(directory, name)]
+    for n in names:
+        click.echo(f"dropped {n}")
+    if not names:
+        click.echo(f"no coordl cache in {directory}")
+
+
+@click.command("cleanup")
+@_DIR
+def cleanup_cmd(directory: str) -> None:
+    """Remove shared memory left by dead coordl processes."""
+    removed = [name for cleaner in CLEANERS for name in cleaner(directory)]
+    for name in removed:
+        click.echo(f"removed {name}")
+    click.echo(f"cleanup: removed {len(removed)} segment(s) from {directory}")
