@@ -23,9 +23,20 @@ def _coordl_shm() -> set[str]:
         return set()
 
 
+# Python's own per-interpreter helpers (started once by spawn/forkserver, live until exit)
+_STDLIB_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
 def _children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    kids = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE or any(h in " ".join(p.cmdline()) for h in _STDLIB_HELPERS):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        kids.append(p)
+    return kids
 
 
 @pytest.fixture(autouse=True)

@@ -143,3 +143,16 @@ def test_no_worker_survives_the_loader(tiny_root):
     gc.collect()
     psutil.wait_procs(me.children(), timeout=10)
     assert [p for p in me.children() if p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_spawn_workers_give_the_same_batches_and_counts(tiny_root):
+    def run(ctx):
+        ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=2)
+        loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, multiprocessing_context=ctx,
+                                   generator=torch.Generator().manual_seed(0))
+        return _epoch(loader), loader.stats()
+
+    (xa, ya), sa = run("fork")
+    (xb, yb), sb = run("spawn")
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert sa["decodes"] == sb["decodes"] == 40
