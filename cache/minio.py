@@ -112,10 +112,11 @@ class MinIOCache:
         except BaseException:
             os.close(fd)
             raise
-        if seg.fingerprint != self.fingerprint or seg.n_items != self._n:
+        theirs, n = seg.fingerprint, seg.n_items
+        if theirs != self.fingerprint or n != self._n:
             seg.close()
             raise CacheError(
-                f"cache segment {self.path} holds dataset {seg.fingerprint[:16]} ({seg.n_items} items), "
+                f"cache segment {self.path} holds dataset {theirs[:16]} ({n} items), "
                 f"not {self.fingerprint[:16]} ({self._n} items): pass another name=, or drop it "
                 f"(coordl cache drop {self.name})")
         return seg

@@ -1,0 +1,197 @@
+"""coordl.DataLoader(cache=...): exact byte counts per epoch, sharing between processes, lifetime."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import coordl
+from coordl.cache import admin, shm
+from coordl.caching import parse_size
+
+
+@pytest.fixture
+def own_root(tiny_root, tmp_path):
+    """A copy of tiny_root with fresh mtimes: a dataset (fingerprint, cache) of this test alone."""
+    root = str(tmp_path / "data")
+    shutil.copytree(tiny_root, root, copy_function=shutil.copy)
+    return root
+
+
+@pytest.fixture
+def dropped():
+    """Datasets appended here have their cache segment unlinked after the test, whatever happens."""
+    datasets: list = []
+    yield datasets
+    for ds in datasets:
+        name = shm.segment_name(ds.fingerprint)
+        if ds.cache is not None:
+            ds.cache.drop()
+        if os.path.exists(os.path.join("/dev/shm", name)):
+            os.unlink(os.path.join("/dev/shm", name))
+
+
+def _epoch(loader) -> dict[str, int]:
+    before = loader.stats()
+    for _ in loader:
+        pass
+    after = loader.stats()
+    return {k: after[k] - before[k] for k in before}
+
+
+def _read(ds, i) -> bytes:
+    with open(ds.manifest.path(i), "rb") as f:
+        return f.read()
+
+
+def test_counting_half_capacity_three_shuffled_epochs_two_workers(own_root, dropped):
+    ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(ds)
+    n, total = len(ds), ds.manifest.total_bytes
+    capacity = total // 2
+    loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, cache=capacity)
+    assert ds.drop_page_cache is True
+
+    first = _epoch(loader)
+    assert first["storage_reads"] == n and first["storage_bytes"] == total
+    assert first["cache_misses"] == n and first["cache_hits"] == 0
+    state = loader.stats()
+    cached, items = state["cache_bytes"], state["cache_items"]
+    assert 0 < cached <= capacity and state["cache_capacity"] == capacity
+    assert first["cache_inserts"] == items
+    for _ in range(2):
+        later = _epoch(loader)
+        assert later["storage_bytes"] == total - cached
+        assert later["storage_reads"] == n - items
+        assert later["cache_hits"] == items and later["cache_inserts"] == 0
+    assert loader.stats()["cache_bytes"] == cached            # never evicted, never replaced
+    for i in range(n):
+        assert bytes(ds.fetch(i)) == _read(ds, i)
+
+
+def test_spawned_workers_reattach_by_name(own_root, dropped):
+    ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(ds)
+    loader = coordl.DataLoader(ds, batch_size=10, num_workers=2, cache="1MiB",
+                               multiprocessing_context="spawn")
+    first, second = _epoch(loader), _epoch(loader)
+    assert first["cache_inserts"] == len(ds) == second["cache_hits"]   # workers wrote, workers read
+    assert second["storage_reads"] == 0
+
+
+_JOB = textwrap.dedent("""
+    import json, sys
+    import coordl
+    ds = coordl.ImageFolder(sys.argv[1], transform="val", size=32)
+    loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, cache=int(sys.argv[2]))
+    for _ in loader:
+        pass
+    print(json.dumps({"pid": __import__("os").getpid(), "name": ds.cache.name, **loader.stats()}), flush=True)
+    sys.stdin.readline()  # stay attached until the test says so
+""")
+
+
+def _coordl_caches() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(shm.PREFIX)}
+
+
+def test_two_jobs_in_two_processes_share_one_segment_and_the_second_hits_at_once(own_root, tmp_path):
+    ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    capacity = ds.manifest.total_bytes // 2
+    name = shm.segment_name(ds.fingerprint)
+    before = _coordl_caches()
+    jobs = []
+    try:
+        for _ in range(2):
+            job = subprocess.Popen([sys.executable, "-c", _JOB, own_root, str(capacity)], cwd=tmp_path,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            jobs.append(job)
+            line = job.stdout.readline()
+            assert line, f"job {job.pid} failed"
+            job.stats = json.loads(line)
+        a, b = jobs[0].stats, jobs[1].stats
+        assert a["name"] == b["name"] == name
+        assert _coordl_caches() - before == {name}                         # one segment, not two
+        size = os.stat(os.path.join("/dev/shm", name)).st_blocks * 512
+        assert capacity <= size <= capacity + 64 * 1024                    # memory: one capacity
+        assert a["storage_reads"] == len(ds) and a["cache_inserts"] == a["cache_items"]
+        assert b["cache_hits"] == a["cache_items"] and b["cache_inserts"] == 0   # first epoch hits
+        assert b["storage_bytes"] == ds.manifest.total_bytes - a["cache_bytes"]
+        (info,) = [c for c in admin.list_caches() if c.name == name]
+        assert info.creator_pid == jobs[0].pid and {j.pid for j in jobs} <= set(info.attached)
+    finally:
+        for job in jobs:
+            job.communicate("\n", timeout=30)
+        if os.path.exists(os.path.join("/dev/shm", name)):
+            os.unlink(os.path.join("/dev/shm", name))
+    assert all(job.returncode == 0 for job in jobs)
+
+
+def test_cache_outlives_the_loader_and_a_restarted_job_hits_at_once(own_root, dropped):
+    ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(ds)
+    loader = coordl.DataLoader(ds, batch_size=8, cache="1MiB")
+    _epoch(loader)
+    ds.cache.close()
+    del loader
+    again = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(again)
+    first = _epoch(coordl.DataLoader(again, batch_size=8, cache="4MiB"))
+    assert first["cache_hits"] == len(again) and first["storage_reads"] == 0
+    assert again.cache.capacity == 2**20                   # it attached to what was there
+
+
+def test_changed_file_gives_a_new_fingerprint_and_a_new_cache(own_root, dropped):
+    old = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(old)
+    _epoch(coordl.DataLoader(old, batch_size=8, cache="1MiB"))
+    victim, donor = old.manifest.path(3), old.manifest.path(7)
+    shutil.copyfile(donor, victim)                         # same name, other bytes
+    new = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(new)
+    assert new.fingerprint != old.fingerprint
+    loader = coordl.DataLoader(new, batch_size=8, cache="1MiB")
+    assert new.cache.name != old.cache.name and new.cache.stats()["cache_items"] == 0
+    first = _epoch(loader)
+    assert first["cache_hits"] == 0 and first["storage_reads"] == len(new)
+    assert bytes(new.fetch(3)) == _read(new, 7)
+
+
+def test_capacity_beyond_free_space_is_refused_before_training(own_root):
+    ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    free = shm.free_bytes("/dev/shm")
+    with pytest.raises(coordl.CacheError, match="does not fit /dev/shm.*--shm-size"):
+        coordl.DataLoader(ds, batch_size=8, cache=free + 2**30)
+    assert shm.segment_name(ds.fingerprint) not in os.listdir("/dev/shm")
+
+
+def test_cache_arguments(own_root, dropped):
+    ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(ds)
+    cache = coordl.MinIOCache("1MiB")
+    coordl.DataLoader(ds, cache=cache, drop_page_cache=False)
+    assert ds.cache is cache and ds.drop_page_cache is False and cache.name is not None
+    with pytest.raises(coordl.ConfigError, match="coordl dataset"):
+        coordl.DataLoader(list(range(10)), cache="1MiB")
+    with pytest.raises(coordl.ConfigError, match="cache='lots'"):
+        coordl.DataLoader(coordl.ImageFolder(own_root), cache="lots")
+
+
+@pytest.mark.parametrize("text,size", [
+    ("8GiB", 8 * 2**30), ("8G", 8 * 2**30), ("8GB", 8 * 10**9), ("512 MiB", 512 * 2**20),
+    ("1.5k", 1536), ("100", 100), (4096, 4096),
+])
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["", "8XB", "-1G", "0", 0, -3, 2.5, None, True])
+def test_parse_size_refuses(bad):
+    with pytest.raises(coordl.ConfigError, match="cache="):
+        parse_size(bad)
