@@ -1,0 +1,123 @@
+"""`coordl cache ls|drop` and `coordl cleanup`, on caches in a private folder."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import secrets
+
+import pytest
+from click.testing import CliRunner
+
+from coordl import cli_cache
+from coordl.cache import shm
+from coordl.cache.minio import MinIOCache
+from coordl.cli import main
+
+FORK = mp.get_context("fork")
+
+
+@pytest.fixture
+def shm_dir(tmp_path):
+    """A folder of our own, so that `drop --all` and `cleanup` touch nobody else's caches."""
+    d = tmp_path / "shm"
+    d.mkdir()
+    return str(d)
+
+
+def _cli(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _create_and_exit(directory: str, fingerprint: str) -> None:
+    cache = MinIOCache(4096, directory=directory).open(fingerprint, 8, "/data/made-by-child")
+    cache.put(0, b"abc")
+
+
+def _in_child(*args) -> int:
+    p = FORK.Process(target=_create_and_exit, args=args)
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    return p.pid
+
+
+def _attached_child(cache: MinIOCache, conn) -> None:
+    cache.get(0)          # first use in the forked child registers it
+    conn.send("attached")
+    conn.recv()
+
+
+def test_ls_shows_dataset_capacity_fill_items_creator_and_attached(shm_dir):
+    fp = secrets.token_hex(32)
+    cache = MinIOCache(8192, directory=shm_dir).open(fp, 10, "/data/train")
+    cache.put(1, b"x" * 2048)
+    cache.put(2, b"y" * 2048)
+    parent, child = FORK.Pipe()
+    p = FORK.Process(target=_attached_child, args=(cache, child))
+    p.start()
+    try:
+        assert parent.recv() == "attached"
+        out = _cli("cache", "ls", "--dir", shm_dir)
+    finally:
+        parent.send("bye")
+        p.join(10)
+        cache.drop()
+    assert cache.name in out and fp[:16] in out and "/data/train" in out
+    assert "capacity    8.0 KiB" in out and "4.0 KiB (50.0%)" in out and "items       2 of 10" in out
+    assert f"creator     {os.getpid()} (alive)" in out
+    attached = out.split("attached")[1]
+    assert str(os.getpid()) in attached and str(p.pid) in attached
+    assert "no coordl cache" in _cli("cache", "ls", "--dir", shm_dir)
+
+
+def test_drop_by_name_by_fingerprint_and_all(shm_dir):
+    caches = [MinIOCache(4096, directory=shm_dir).open(secrets.token_hex(32), 4) for _ in range(3)]
+    try:
+        assert f"dropped {caches[0].name}" in _cli("cache", "drop", caches[0].name, "--dir", shm_dir)
+        assert f"dropped {caches[1].name}" in _cli("cache", "drop", caches[1].fingerprint, "--dir", shm_dir)
+        assert caches[0].get(0) is None          # still mapped in this process, and still correct
+        out = _cli("cache", "drop", "--all", "--dir", shm_dir)
+        assert f"dropped {caches[2].name}" in out and os.listdir(shm_dir) == []
+        bad = CliRunner().invoke(main, ["cache", "drop", "nonesuch", "--dir", shm_dir])
+        assert bad.exit_code == 2 and "no cache segment 'nonesuch'" in bad.output
+        assert CliRunner().invoke(main, ["cache", "drop", "--dir", shm_dir]).exit_code == 2
+    finally:
+        for c in caches:
+            c.drop()
+
+
+def test_cleanup_removes_only_what_dead_creators_left_unattached(shm_dir):
+    orphan, held, live = (secrets.token_hex(32) for _ in range(3))
+    _in_child(shm_dir, orphan)                                   # creator dead, nobody attached
+    _in_child(shm_dir, held)                                     # creator dead, but ...
+    holder = MinIOCache(4096, directory=shm_dir).open(held, 8)   # ... this process is attached
+    mine = MinIOCache(4096, directory=shm_dir).open(live, 8)     # creator alive
+    # a segment whose builder was killed before publishing it
+    p = FORK.Process(target=os.getpid)
+    p.start()
+    p.join()
+    stale_tmp = f"{shm.PREFIX}{orphan[16:32]}.tmp-{p.pid}"
+    open(os.path.join(shm_dir, stale_tmp), "wb").close()
+    try:
+        out = _cli("cleanup", "--dir", shm_dir)
+        left = set(os.listdir(shm_dir))
+        assert shm.segment_name(orphan) not in left and f"removed {shm.segment_name(orphan)}" in out
+        assert stale_tmp not in left
+        assert {shm.segment_name(held), shm.segment_name(live)} <= left
+        assert holder.get(0) == b"abc"
+        holder.close()                                           # now nothing holds it
+        out = _cli("cleanup", "--dir", shm_dir)
+        assert f"removed {shm.segment_name(held)}" in out
+        assert set(os.listdir(shm_dir)) == {shm.segment_name(live)}
+    finally:
+        holder.drop()
+        mine.drop()
+
+
+def test_cleanup_runs_every_registered_cleaner(shm_dir, monkeypatch):
+    monkeypatch.setattr(cli_cache, "CLEANERS", cli_cache.CLEANERS + [lambda d: [f"coordl-serve-x in {d}"]])
+    out = _cli("cleanup", "--dir", shm_dir)
+    assert f"removed coordl-serve-x in {shm_dir}" in out and "removed 1 segment" in out
