@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""MinIO static cache vs the OS page cache at the same memory budget.
+
+For each cache fraction f of the dataset (D bytes) and each side, one child
+process runs `coordl.DataLoader` (train transform, shuffled, a fresh order
+every epoch, persistent workers) for several epochs and reports, per epoch,
+the bytes it read from storage (``/proc/<pid>/io`` read_bytes summed over the
+loader process and its workers; the blkio cgroup's io_service_bytes as a
+cross-check) and the epoch time.
+
+- page cache: the child runs in a memory cgroup (v1) whose
+  ``memory.limit_in_bytes`` is the loader's own peak footprint (measured by a
+  calibration run whose reads leave no page cache: rss + shmem of the cgroup at
+  the end of an epoch) + a small slack + f x D, so that the page cache gets
+  about f x D. The table shows the page cache it actually held.
+- MinIO: same cgroup limit; ``cache=f x D`` and storage reads that drop their
+  pages (``posix_fadvise(DONTNEED)``, the default with a cache).
+- Storage is throttled with ``blkio.throttle.read_bps_device`` on the disk
+  that holds the dataset (``--throttle-mbps``, 0: off), so that epoch times
+  reflect a disk-bound job. Before every run the dataset's pages are dropped
+  from the page cache (``posix_fadvise(DONTNEED)`` on every file).
+
+Needs root and cgroup v1 memory + blkio controllers; it says so and stops
+(page cache side) when they are missing. Run it under the bench lock:
+
+    flock /tmp/coordl-bench.lock .venv/bin/python bench/minio_vs_pagecache.py \\
+        --data /work/bench-data/minio --out bench/results/minio
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import cgroup
+
+SIDES = ("pagecache", "minio")
+MiB = 2**20
+
+
+def _evict(paths: list[str]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+# -- the child: one loader, several epochs ---------------------------------------------
+
+def _read_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/io") as f:
+                total += next(int(ln.split()[1]) for ln in f if ln.startswith("read_bytes"))
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def child(args) -> None:
+    cgroup.join(args.join.split(",") if args.join else [])
+    import psutil
+    import torch
+
+    import coordl
+
+    ds = coordl.ImageFolder(args.data, transform="train", size=224, seed=args.seed)
+    total = ds.manifest.total_bytes
+    kw = dict(batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+              persistent_workers=args.workers > 0, generator=torch.Generator().manual_seed(args.seed))
+    if args.side == "minio":
+        loader = coordl.DataLoader(ds, cache=int(args.fraction * total), **kw)
+    else:  # "pagecache", or "calibrate": the loader's footprint without page cache
+        loader = coordl.DataLoader(ds, drop_page_cache=args.side == "calibrate", **kw)
+    mem_stat = os.path.join(cgroup.base_dir("memory"), "memory.stat")
+    me = psutil.Process()
+    try:
+        for epoch in range(args.epochs):
+            pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
+            before, stats0, t0 = _read_bytes(pids), loader.stats(), time.perf_counter()
+            for _ in loader:
+                pass
+            seconds = time.perf_counter() - t0
+            pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
+            stats, mem = loader.stats(), cgroup.read_stat(mem_stat)
+            print(json.dumps({
+                "epoch": epoch, "seconds": round(seconds, 3), "read_bytes": _read_bytes(pids) - before,
+                "storage_bytes": stats["storage_bytes"] - stats0["storage_bytes"],
+                "cache_hits": stats["cache_hits"] - stats0["cache_hits"],
+                "cache_bytes": stats.get("cache_bytes", 0),
+                "page_cache_bytes": mem.get("cache", 0) - mem.get("shmem", 0),
+                "shmem_bytes": mem.get("shmem", 0), "rss_bytes": mem.get("rss", 0),
+            }), flush=True)
+    finally:
+        if ds.cache is not None:
+            ds.cache.drop()
+
+
+# -- the orchestrator --------------------------------------------------------------------
+
+def _run_child(args, side: str, fraction: float, cg: cgroup.Cgroup, epochs: int) -> list[dict]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--side", side, "--fraction", str(fraction),
+           "--data", args.data, "--epochs", str(epochs), "--workers", str(args.workers),
+           "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--join", ",".join(cg.procs_files)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd="/")
+    rows = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0:
+        oom = cgroup.read_stat(os.path.join(cg.memory, "memory.oom_control")).get("oom_kill", 0)
+        raise SystemExit(f"bench: {side} f={fraction} child failed (exit {proc.returncode}"
+                         f"{', killed by the OOM killer' if oom else ''}) after {len(rows)} epochs")
+    return rows
+
+
+def _facts(args, ds) -> dict:
+    from coordl.sysinfo import collect
+
+    model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    sizes = ds.manifest.sizes
+    return {"cpu": model, **collect(), "kernel": os.uname().release,
+            "memory_total": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "dataset": {"root": ds.root, "files": len(ds), "bytes": ds.manifest.total_bytes,
+                        "mean_bytes": round(float(sizes.mean()))},
+            "command": "flock /tmp/coordl-bench.lock .venv/bin/python bench/minio_vs_pagecache.py "
+                       + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+
+
+def orchestrate(args) -> None:
+    import coordl
+
+    ds = coordl.ImageFolder(args.data)
+    paths = [ds.manifest.path(i) for i in range(len(ds))]
+    total = ds.manifest.total_bytes
+    facts = _facts(args, ds)
+    problems = {c: cgroup.why_not(c, knob) for c, knob in
+                (("memory", "memory.limit_in_bytes"), ("blkio", "blkio.throttle.read_bps_device"))}
+    if problems["memory"]:
+        raise SystemExit(f"bench: cannot limit the page cache: {problems['memory']}. Without a memory "
+                         "cgroup the page cache would hold the whole dataset and the comparison means "
+                         "nothing; run as root on a machine with cgroup v1 memory.")
+    throttle = None
+    if args.throttle_mbps > 0:
+        if problems["blkio"]:
+            print(f"bench: storage NOT throttled: {problems['blkio']}", flush=True)
+        else:
+            throttle = (cgroup.disk_of(args.data), int(args.throttle_mbps * MiB))
+    tag = f"coordl-bench-{os.getpid()}"
+
+    _evict(paths)
+    with cgroup.Cgroup(tag, blkio=throttle is not None, read_bps=throttle) as cg:
+        calib = _run_child(args, "calibrate", 0.0, cg, 2)
+        peak = cg.max_usage()
+    footprint = max(e["rss_bytes"] + e["shmem_bytes"] for e in calib)  # steady state, no page cache
+    limit_extra = footprint + args.slack_mib * MiB
+    print(f"bench: loader footprint without page cache {footprint / MiB:.0f} MiB (peak usage "
+          f"{peak / MiB:.0f} MiB; calibration epochs {[e['seconds'] for e in calib]} s); "
+          f"limit = footprint + {args.slack_mib} MiB + f x D", flush=True)
+
+    runs = []
+    for fraction in args.fractions:
+        for side in SIDES:
+            _evict(paths)
+            limit = limit_extra + int(fraction * total)
+            with cgroup.Cgroup(tag, memory_limit=limit, blkio=throttle is not None, read_bps=throttle) as cg:
+                epochs = _run_child(args, side, fraction, cg, args.epochs)
+            for e in epochs:
+                e["read_fraction"] = round(e["read_bytes"] / total, 4)
+            runs.append({"side": side, "fraction": fraction, "memory_limit": limit, "epochs": epochs})
+            later = epochs[1:]
+            print(f"bench: f={fraction:.2f} {side:9s} read/epoch after the first: "
+                  + ", ".join(f"{e['read_fraction']:.1%}" for e in later)
+                  + "; s/epoch: " + ", ".join(f"{e['seconds']:.1f}" for e in later), flush=True)
+    _evict(paths)
+
+    result = {**facts, "settings": {"fractions": args.fractions, "epochs": args.epochs,
+                                    "workers": args.workers, "batch_size": args.batch_size,
+                                    "transform": "train 224", "seed": args.seed,
+                                    "throttle": f"{args.throttle_mbps} MiB/s on {throttle[0]}" if throttle
+                                    else f"none ({problems['blkio'] or 'off'})",
+                                    "footprint_bytes": footprint, "slack_bytes": args.slack_mib * MiB},
+              "runs": runs}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(args.out + ".md", "w") as f:
+        f.write(markdown(result))
+    print(f"bench: wrote {args.out}.json and {args.out}.md", flush=True)
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def markdown(r: dict) -> str:
+    s, d = r["settings"], r["dataset"]
+    lines = [
+        "# MinIO vs the OS page cache at the same memory budget", "",
+        f"Dataset: {d['files']} JPEGs, {d['bytes'] / MiB:.1f} MiB (mean {d['mean_bytes'] / 1024:.1f} KiB), "
+        f"{d['root']}. Loader: coordl.DataLoader, transform {s['transform']}, batch {s['batch_size']}, "
+        f"{s['workers']} workers, shuffled (new order each epoch), {s['epochs']} epochs "
+        "(the first fills the cache). Storage throttle: " + s["throttle"] + ".",
+        f"Memory budget of each run: cgroup v1 memory.limit_in_bytes = loader footprint "
+        f"({s['footprint_bytes'] / MiB:.0f} MiB, measured) + {s['slack_bytes'] / MiB:.0f} MiB slack "
+        "+ fraction x dataset. Bytes read: /proc/<pid>/io read_bytes of the loader and its workers.", "",
+        "| cache fraction | page cache: storage read / epoch | MinIO: storage read / epoch | static ideal "
+        "| page cache held (mean) | page cache: s / epoch | MinIO: s / epoch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by = {(run["fraction"], run["side"]): run["epochs"][1:] for run in r["runs"]}
+    for f in s["fractions"]:
+        pc, mi = by[(f, "pagecache")], by[(f, "minio")]
+
+        def rng(es, key="read_fraction"):
+            xs = [e[key] for e in es]
+            return f"{_mean(xs):.1%} ({min(xs):.1%}-{max(xs):.1%})"
+
+        held = _mean([e["page_cache_bytes"] for e in pc]) / d["bytes"]
+        lines.append(f"| {f:.2f} | {rng(pc)} | {rng(mi)} | {1 - f:.0%} | {held:.0%} of dataset "
+                     f"| {_mean([e['seconds'] for e in pc]):.1f} | {_mean([e['seconds'] for e in mi]):.1f} |")
+    lines += ["", "Per epoch after the first: mean (min-max) of the epochs. "
+              "Each run starts with the dataset's pages dropped from the page cache.", "",
+              f"Machine: {r['cpu']}, {r['cpus']} CPUs, {r['memory_total'] / 2**30:.1f} GiB RAM, "
+              f"kernel {r['kernel']}; python {r['python']}, torch {r['torch']}, numpy {r['numpy']}, "
+              f"{r['pillow']}.", "", "Command:", "", "    " + r["command"], ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="ImageFolder root (coordl make-dataset DIR ...)")
+    ap.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 0.75])
+    ap.add_argument("--epochs", type=int, default=4, help="epochs per run; the first fills the cache")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--throttle-mbps", type=float, default=100.0, help="storage read limit, MiB/s (0: none)")
+    ap.add_argument("--slack-mib", type=int, default=32, help="memory above the measured footprint")
+    ap.add_argument("--out", default="bench/results/minio", help="writes OUT.json and OUT.md")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--side", choices=SIDES + ("calibrate",), help=argparse.SUPPRESS)
+    ap.add_argument("--fraction", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--join", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.data = os.path.abspath(args.data)
+    child(args) if args.child else orchestrate(args)
+
+
+if __name__ == "__main__":
+    main()
