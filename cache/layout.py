@@ -146,6 +146,10 @@ class Segment:
     def creator_alive(self) -> bool:
         return shm.alive(int(self.field("creator_pid")), int(self.field("creator_start")))
 
+    def __del__(self) -> None:
+        if getattr(self, "fd", -1) >= 0:
+            os.close(self.fd)
+
     def close(self) -> None:
         """Unmap (unless the caller still holds views of item bytes: then when they go) and close fd."""
         self.head = self.offsets = self.lengths = None

@@ -81,6 +81,10 @@ class MinIOCache:
     def path(self) -> str | None:
         return None if self.name is None else os.path.join(self.directory, self.name)
 
+    @property
+    def is_open(self) -> bool:
+        return self._seg is not None
+
     def open(self, fingerprint: str, n_items: int, label: str = "") -> MinIOCache:
         """Attach to the cache of this dataset on this node, creating it if there is none."""
         if self.fingerprint is not None and self.fingerprint != fingerprint:
@@ -144,6 +148,9 @@ class MinIOCache:
     def _segment(self) -> Segment:
         seg = self._seg
         if seg is None:
+            if self.fingerprint is not None:
+                raise CacheError(f"the MinIOCache of {self.path} was closed or dropped: make a new "
+                                 "loader with cache=... to attach to (or create) the dataset's cache")
             raise CacheError("the MinIOCache is not open: pass it to coordl.DataLoader(cache=...) "
                              "or call cache.open(fingerprint, n_items)")
         if self._pid != os.getpid():

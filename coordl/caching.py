@@ -57,5 +57,9 @@ def cache_for(dataset: Any, cache: int | str | minio.MinIOCache) -> minio.MinIOC
         raise ConfigError(f"cache= needs a dataset with a `fingerprint` (e.g. coordl.ImageFolder); "
                           f"{type(dataset).__name__} has none: pass cache=None")
     if not isinstance(cache, minio.MinIOCache):
-        cache = MinIOCache(parse_size(cache, "cache"))
+        size = parse_size(cache, "cache")
+        current = getattr(dataset, "cache", None)
+        if isinstance(current, minio.MinIOCache) and current.is_open and current.fingerprint == fingerprint:
+            return current  # another loader on the same dataset object: one attachment is enough
+        cache = MinIOCache(size)
     return cache.open(fingerprint, len(dataset), label=str(getattr(dataset, "root", "")))

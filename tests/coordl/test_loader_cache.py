@@ -195,3 +195,15 @@ def test_parse_size(text, size):
 def test_parse_size_refuses(bad):
     with pytest.raises(coordl.ConfigError, match="cache="):
         parse_size(bad)
+
+
+def test_a_second_loader_on_the_same_dataset_reuses_its_attachment(own_root, dropped):
+    ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(ds)
+    coordl.DataLoader(ds, cache="1MiB")
+    first = ds.cache
+    coordl.DataLoader(ds, cache="1MiB")
+    assert ds.cache is first
+    first.drop()
+    with pytest.raises(coordl.CacheError, match="closed or dropped"):
+        ds.fetch(0)
