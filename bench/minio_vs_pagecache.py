@@ -14,7 +14,13 @@ cross-check) and the epoch time.
   the end of an epoch) + a small slack + f x D, so that the page cache gets
   about f x D. The table shows the page cache it actually held.
 - MinIO: same cgroup limit; ``cache=f x D`` and storage reads that drop their
-  pages (``posix_fadvise(DONTNEED)``, the default with a cache).
+  pages (``posix_fadvise(DONTNEED)``, the default with a cache). The cache
+  segment (f x D) is created by this bench process before the run, outside the
+  loader's cgroup, as a node-wide cache made by another job would be, and the
+  loader attaches to it: the loader's cgroup then holds the same footprint
+  as the page-cache run, and MinIO's memory is exactly f x D. (Charging the
+  segment to the loader's cgroup would leave no room for the loader's start-up
+  peak, which is above its steady footprint, and the OOM killer would end it.)
 - Storage is throttled with ``blkio.throttle.read_bps_device`` on the disk
   that holds the dataset (``--throttle-mbps``, 0: off), so that epoch times
   reflect a disk-bound job. Before every run the dataset's pages are dropped
@@ -101,7 +107,7 @@ def child(args) -> None:
             }), flush=True)
     finally:
         if ds.cache is not None:
-            ds.cache.drop()
+            ds.cache.close()  # the orchestrator made it and drops it
 
 
 # -- the orchestrator --------------------------------------------------------------------
@@ -168,8 +174,16 @@ def orchestrate(args) -> None:
         for side in SIDES:
             _evict(paths)
             limit = limit_extra + int(fraction * total)
-            with cgroup.Cgroup(tag, memory_limit=limit, blkio=throttle is not None, read_bps=throttle) as cg:
-                epochs = _run_child(args, side, fraction, cg, args.epochs)
+            cache = coordl.MinIOCache(int(fraction * total)) if side == "minio" else None
+            try:
+                if cache is not None:
+                    cache.open(ds.fingerprint, len(ds), ds.root)
+                with cgroup.Cgroup(tag, memory_limit=limit, blkio=throttle is not None,
+                                   read_bps=throttle) as cg:
+                    epochs = _run_child(args, side, fraction, cg, args.epochs)
+            finally:
+                if cache is not None:
+                    cache.drop()
             for e in epochs:
                 e["read_fraction"] = round(e["read_bytes"] / total, 4)
             runs.append({"side": side, "fraction": fraction, "memory_limit": limit, "epochs": epochs})
@@ -208,7 +222,10 @@ def markdown(r: dict) -> str:
         "(the first fills the cache). Storage throttle: " + s["throttle"] + ".",
         f"Memory budget of each run: cgroup v1 memory.limit_in_bytes = loader footprint "
         f"({s['footprint_bytes'] / MiB:.0f} MiB, measured) + {s['slack_bytes'] / MiB:.0f} MiB slack "
-        "+ fraction x dataset. Bytes read: /proc/<pid>/io read_bytes of the loader and its workers.", "",
+        "+ fraction x dataset, the same for both sides; MinIO's segment (fraction x dataset) is made "
+        "outside that cgroup before the run, so its loader holds only its footprint and each cache gets "
+        "about fraction x dataset (the page cache's actual share is in the table). Bytes read: "
+        "/proc/<pid>/io read_bytes of the loader and its workers.", "",
         "| cache fraction | page cache: storage read / epoch | MinIO: storage read / epoch | static ideal "
         "| page cache held (mean) | page cache: s / epoch | MinIO: s / epoch |",
         "|---|---|---|---|---|---|---|",
