@@ -3,8 +3,10 @@
 `train`: RandomResizedCrop + horizontal flip; `val`: resize shorter side to
 size/0.875 + center crop. Both are done with one `Image.resize(box=...)` on
 the decoded image, after a DCT-domain reduced decode (`Image.draft`) whenever
-the crop still has at least the output resolution at the reduced scale. The
-flip happens while the resized pixels are copied into `out`, so it is free.
+the crop still has at least the output resolution at the reduced scale, and
+a decode that stops below the last row the resize reads (pipelines/rows.py:
+the rows under a random crop are never entropy-decoded). The flip happens
+on the small resized image (in Pillow), then one flat copy into `out`.
 
 This module knows pixels, never where bytes come from: errors carry no file
 name; the caller (coordl.dataset) adds it.
@@ -20,9 +22,14 @@ from PIL import Image, UnidentifiedImageError
 
 from coordl.errors import SampleError
 
-from . import crop
+from . import crop, rows
 
 BILINEAR = Image.Resampling.BILINEAR
+FLIP_LEFT_RIGHT = Image.Transpose.FLIP_LEFT_RIGHT
+#: A DCT-scaled decode must leave the crop at least this many times the output
+#: size: closer to 1, the scaled IDCT's blur is not averaged away by the
+#: resize and PSNR against a full decode drops below 35 dB (bench/results/quality.md).
+DRAFT_MARGIN = 1.25
 
 
 class DecodeError(SampleError):
@@ -50,11 +57,20 @@ def _load_rgb(img: Image.Image) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
+def _decode_for(img: Image.Image, raw, box, size: int, partial: bool) -> Image.Image:
+    """The decoded RGB image, or only its top rows when that is all the resize of `box` reads."""
+    if partial and rows.can_stop_early(img):
+        top = rows.top_rows(img, raw, rows.rows_for_box(box, size))
+        if top is not None:
+            return top
+    return _load_rgb(img)
+
+
 def _draft(img: Image.Image, box: tuple[float, float, float, float], size: int) -> tuple:
     """Ask a JPEG for a DCT-scaled decode that keeps the crop >= size; return the box rescaled."""
     if img.format != "JPEG":
         return box
-    factor = min(box[2], box[3]) / size
+    factor = min(box[2], box[3]) / (size * DRAFT_MARGIN)
     if factor < 2.0:
         return box
     full_w, full_h = img.size
@@ -66,33 +82,41 @@ def _draft(img: Image.Image, box: tuple[float, float, float, float], size: int) 
 def _resize_into(img: Image.Image, box, size: int, flip: bool, out: np.ndarray | None) -> np.ndarray:
     left, top, w, h = box
     small = img.resize((size, size), BILINEAR, box=(left, top, left + w, top + h))
-    pixels = np.frombuffer(small.tobytes(), dtype=np.uint8).reshape(size, size, 3)
-    if flip:
-        pixels = pixels[:, ::-1]
+    if flip:  # in Pillow, on 4-byte pixels: a numpy copy with a negative stride is 5x slower
+        small = small.transpose(FLIP_LEFT_RIGHT)
+    packed = np.frombuffer(small.tobytes(), dtype=np.uint8)
     if out is None:
         out = np.empty((size, size, 3), dtype=np.uint8)
-    out[...] = pixels
+    if out.flags.c_contiguous:
+        out.reshape(-1)[:] = packed  # one flat memcpy
+    else:
+        out[...] = packed.reshape(size, size, 3)
     return out
 
 
 def train(raw, size: int, rng: np.random.Generator, out: np.ndarray | None = None,
-          draft: bool = True) -> np.ndarray:
-    """RandomResizedCrop(size) + RandomHorizontalFlip, as uint8 (size, size, 3)."""
+          draft: bool = True, partial: bool = True) -> np.ndarray:
+    """RandomResizedCrop(size) + RandomHorizontalFlip, as uint8 (size, size, 3).
+
+    `draft` (DCT-scaled decode) and `partial` (stop below the crop) are the
+    two decode shortcuts; turning them off gives the full-decode reference.
+    """
     img = open_image(raw)
     box = crop.random_resized_crop_box(*img.size, rng)
     do_flip = crop.flip(rng)
     if draft:
         box = _draft(img, box, size)
-    return _resize_into(_load_rgb(img), box, size, do_flip, out)
+    return _resize_into(_decode_for(img, raw, box, size, partial), box, size, do_flip, out)
 
 
-def val(raw, size: int, out: np.ndarray | None = None, draft: bool = True) -> np.ndarray:
+def val(raw, size: int, out: np.ndarray | None = None, draft: bool = True,
+        partial: bool = True) -> np.ndarray:
     """Resize(size / 0.875) + CenterCrop(size), as uint8 (size, size, 3)."""
     img = open_image(raw)
     box = crop.center_crop_box(*img.size, size)
     if draft:
         box = _draft(img, box, size)
-    return _resize_into(_load_rgb(img), box, size, False, out)
+    return _resize_into(_decode_for(img, raw, box, size, partial), box, size, False, out)
 
 
 def decode(raw) -> Image.Image:

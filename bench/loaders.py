@@ -1,0 +1,187 @@
+"""The loader benchmark: coordl against what users run instead, side by side, one run.
+
+    .venv/bin/python bench/loaders.py /work/bench-data/photo --out bench/results/loaders-photo
+
+Loaders (each in its own process, started once, warm-up epoch first):
+
+  coordl        coordl.DataLoader(coordl.ImageFolder(root, "train"), num_workers=W)
+  torch-pillow  torch.utils.data.DataLoader + torchvision-style Dataset, plain Pillow
+  torch-simd    the same with pillow-simd
+  dali          DALI CPU: readers.file -> decoders.image_random_crop (fused) -> resize
+                -> crop_mirror_normalize(UINT8), device_id=None, num_threads=W
+  dali-tuned    the same pipeline with DALI's recommended throughput settings
+  floor         full decode (Image.open(path).load()) of every file on ONE core;
+                the decode floor is that rate x the number of cores
+
+Then rounds: every loader runs one epoch in turn (A B C D ...), `--repeats`
+times. Reported: per-loader median images/s with min and max, and the median
+of the per-round ratios of coordl to each baseline; worker RSS after every
+epoch (flat = no copy-on-access growth). Everything shares one CPU set
+(`os.sched_setaffinity`, inherited by every child), one batch size, one
+worker count and one dataset. See /work/shared/benchmarking.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import report
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PLAIN_PILLOW = os.path.join(REPO, ".venv", "plain-pillow")
+
+LOADERS = {
+    "coordl": ["--loader", "coordl", "--expect-pil", "simd"],
+    "torch-pillow": ["--loader", "torch", "--pil-path", PLAIN_PILLOW, "--expect-pil", "plain"],
+    "torch-simd": ["--loader", "torch", "--expect-pil", "simd"],
+    "dali": ["--loader", "dali", "--dali-variant", "fused"],
+    "dali-tuned": ["--loader", "dali", "--dali-variant", "tuned"],
+    "floor": ["--loader", "floor", "--expect-pil", "simd"],
+}
+BASELINES = ("torch-pillow", "torch-simd", "dali", "dali-tuned", "floor")
+
+
+class Child:
+    """One loader process, driven one epoch at a time over its stdin/stdout."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "loader_child.py"), *argv],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            sys.exit(f"loader {self.name} exited with status {code} (its stderr is above)")
+        return json.loads(line)
+
+    def epoch(self) -> dict:
+        self.proc.stdin.write("epoch\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _rate(name: str, result: dict, cores: int) -> float:
+    """Images/s of one epoch, charged with the CPU the loader used between epochs.
+
+    A loader that keeps working while the others are timed (DALI prefetches
+    the next epoch) gets that CPU time added as if spread over all cores:
+    seconds + cpu_between_epochs / cores. For loaders whose workers idle
+    between epochs this adds (almost) nothing.
+    """
+    if name == "floor":
+        return result["images"] / result["seconds"] * cores
+    return result["images"] / (result["seconds"] + result["cpu_between_epochs"] / cores)
+
+
+def _raw_rate(result: dict) -> float:
+    return result["images"] / result["seconds"]
+
+
+def run(a: argparse.Namespace) -> dict:
+    cpus = sorted(os.sched_getaffinity(0)) if a.cpus is None else [int(c) for c in a.cpus.split(",")]
+    os.sched_setaffinity(0, cpus)
+    names = a.loaders.split(",")
+    a.root = os.path.abspath(a.root)
+    common = ["--root", a.root, "--batch-size", str(a.batch_size), "--workers", str(a.workers),
+              "--floor-cpu", str(cpus[0])]
+    children = {}
+    try:
+        for n in names:
+            print(f"[start] {n}", flush=True)
+            children[n] = Child(n, LOADERS[n] + common)
+        epochs: dict[str, list[dict]] = {n: [] for n in names}
+        for n in names:  # warm-up: worker start, page cache, first-touch
+            warm = children[n].epoch()
+            print(f"[warm-up] {n:13s} {_rate(n, warm, len(cpus)):7.0f} images/s", flush=True)
+            epochs[n].append({**warm, "warmup": True})
+            time.sleep(a.settle)
+        for r in range(a.repeats):
+            for n in names:
+                res = children[n].epoch()
+                epochs[n].append({**res, "warmup": False})
+                print(f"[round {r + 1}] {n:13s} {_rate(n, res, len(cpus)):7.0f} images/s", flush=True)
+                time.sleep(a.settle)
+    finally:
+        for c in children.values():
+            c.close()
+    return summarise(a, cpus, names, children, epochs)
+
+
+def summarise(a, cpus, names, children, epochs) -> dict:
+    rates = {n: [_rate(n, e, len(cpus)) for e in epochs[n] if not e["warmup"]] for n in names}
+    loaders = {}
+    for n in names:
+        loaders[n] = {
+            "median": statistics.median(rates[n]), "min": min(rates[n]), "max": max(rates[n]),
+            "per_round": rates[n], "images_per_epoch": epochs[n][-1]["images"],
+            "uncharged_median": statistics.median(
+                _raw_rate(e) for e in epochs[n] if not e["warmup"]),
+            "cpu_between_epochs": [e["cpu_between_epochs"] for e in epochs[n]],
+            "cpu_seconds": [e["cpu_seconds"] for e in epochs[n]],
+            "main_cpu_seconds": [e.get("main_cpu_seconds") for e in epochs[n]],
+            "pil": children[n].ready.get("pil"),
+            "rss_per_epoch": [e["rss"] for e in epochs[n]],
+        }
+    ratios = {}
+    if "coordl" in names:
+        for b in BASELINES:
+            if b in names:
+                per = [x / y for x, y in zip(rates["coordl"], rates[b])]
+                ratios[f"coordl/{b}"] = {"median": statistics.median(per), "min": min(per),
+                                         "max": max(per), "per_round": per}
+    return {
+        "command": " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]),
+        "machine": report.machine(cpus), "dataset": report.dataset(a.root),
+        "versions": report.versions(children), "batch_size": a.batch_size, "workers": a.workers,
+        "repeats": a.repeats, "floor_note": f"full decode on one core x {len(cpus)} cores",
+        "loaders": loaders, "ratios": ratios,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("root", help="an ImageFolder (coordl make-dataset)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--cpus", default=None, help="comma-separated CPU ids (default: all usable)")
+    p.add_argument("--loaders", default=",".join(LOADERS))
+    p.add_argument("--settle", type=float, default=1.0, help="seconds idle between epochs")
+    p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+    a = p.parse_args()
+    result = run(a)
+    table = report.loaders_markdown(result)
+    print("\n" + table)
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out + ".json", "w") as f:
+            json.dump(result, f, indent=1)
+        with open(a.out + ".md", "w") as f:
+            f.write(table)
+        print(f"wrote {a.out}.json and {a.out}.md")
+
+
+if __name__ == "__main__":
+    main()
