@@ -34,4 +34,7 @@ if ! $VENV/bin/python -c 'import PIL, sys; sys.exit(0 if ".post" in PIL.__versio
   CC="cc $flags" $PIP install -q --no-binary pillow-simd pillow-simd \
     || { echo "[install] pillow-simd failed to build; falling back to Pillow"; $PIP install -q pillow; }
 fi
+# Plain Pillow beside pillow-simd, in a side folder that only bench/loaders.py
+# puts first on sys.path (its torch + plain Pillow baseline); nothing else sees it.
+[ -d "$VENV/plain-pillow/PIL" ] || $PIP install -q --target "$VENV/plain-pillow" Pillow
 $VENV/bin/coordl info
