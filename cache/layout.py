@@ -64,7 +64,7 @@ class Segment:
     """Views on one mapped segment file; `fd` is the process's open file (locks live on it)."""
 
     def __init__(self, fd: int, path: str, writable: bool = True, whole: bool = True) -> None:
-        self.fd, self.path = fd, path
+        self.fd, self.path = -1, path  # owns `fd` only once it is constructed
         size = os.fstat(fd).st_size
         if size < HEADER_BYTES:
             raise CacheError(f"{path} is not a coordl cache segment ({size} bytes): remove it "
@@ -81,6 +81,7 @@ class Segment:
         index = np.frombuffer(self.map, np.int64, 2 * n, offset=HEADER_BYTES)
         self.offsets, self.lengths = index[:n], index[n:]
         self.arena = memoryview(self.map)[self.data_offset:] if whole else None
+        self.fd = fd
 
     def field(self, key: str):
         return self.head[key][0]

@@ -130,9 +130,14 @@ class MinIOCache:
         fd, tmp = shm.create_tmp(self.directory, self.name, size, self.capacity)
         try:
             seg = Segment.create(fd, tmp, self.capacity, self._n, self.fingerprint, self._label)
-            shm.hold_attached(fd)
         except BaseException:
             os.close(fd)
+            os.unlink(tmp)
+            raise
+        try:
+            shm.hold_attached(fd)
+        except BaseException:
+            seg.close()
             os.unlink(tmp)
             raise
         if not shm.publish(tmp, self.path):

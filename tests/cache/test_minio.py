@@ -259,3 +259,15 @@ def test_concurrent_writers_never_exceed_capacity_nor_corrupt(new_cache):
     # first touch until full: every item left out does not fit what is left
     free = seg.capacity - seg.used
     assert all(len(_item(i)) > free for i in range(n) if seg.lengths[i] == 0)
+
+
+def test_a_foreign_file_under_the_segment_name_is_refused_without_leaking(tmp_path):
+    fp = secrets.token_hex(32)
+    junk = tmp_path / shm.segment_name(fp)
+    junk.write_bytes(b"not a segment" * 1000)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(CacheError, match="not a coordl cache segment.*coordl cache drop"):
+            MinIOCache(4096, directory=str(tmp_path)).open(fp, 4)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert junk.read_bytes() == b"not a segment" * 1000
