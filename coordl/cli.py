@@ -10,7 +10,7 @@ import time
 
 import click
 
-from . import cli_cache
+from . import cli_cache, cli_serve
 from .errors import CoordlError
 
 
@@ -88,6 +88,8 @@ def demo(images, batch_size, workers, epochs, data):
 
 main.add_command(cli_cache.cache_group)
 main.add_command(cli_cache.cleanup_cmd)
+main.add_command(cli_serve.serve_cmd)
+main.add_command(cli_serve.status_cmd)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,12 @@ from collections.abc import Callable
 import click
 
 from coordl.cache import admin, shm
+from coordl.coordinator.cleanup import cleanup as coordinator_cleanup
 
 #: cleaner(directory) -> names removed; run in order by `coordl cleanup`.
 CLEANERS: list[Callable[[str], list[str]]] = [
     admin.cleanup,  # MinIO cache segments whose creator is dead and that nothing is attached to
+    coordinator_cleanup,  # ring segments (and socket files) of coordinator daemons that are gone
 ]
 
 _DIR = click.option("--dir", "directory", default=shm.DEFAULT_DIR, show_default=True,

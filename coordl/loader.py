@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import default_collate
 
 from .caching import cache_for
+from .coordinator.client import connect
 from .dataset import PreparedBatch
 from .errors import ConfigError
 from .stats import Counters
@@ -114,6 +115,7 @@ class DataLoader(torch.utils.data.DataLoader):
         in_order: bool = True,
         cache=None,
         drop_page_cache: bool | None = None,
+        coordinator: str | None = None,
     ) -> None:
         coordl_ds = is_coordl_dataset(dataset)
         batched = batch_size is not None or batch_sampler is not None
@@ -132,6 +134,10 @@ class DataLoader(torch.utils.data.DataLoader):
         if coordl_ds:
             dataset.counters = self._counters
         _setup_cache(dataset, coordl_ds, cache, drop_page_cache)
+        self.coordinator = None if coordinator is None else connect(
+            coordinator, dataset, batch_size, shuffle, drop_last, timeout,
+            custom=[a for a, v in (("sampler", sampler), ("batch_sampler", batch_sampler),
+                                   ("collate_fn", collate_fn)) if v not in (None, collate)])
 
     @property
     def _index_sampler(self):
@@ -144,7 +150,15 @@ class DataLoader(torch.utils.data.DataLoader):
         """The epoch the next ``iter(loader)`` runs (to resume a run at epoch ``epoch``)."""
         self._next_epoch = int(epoch)
 
+    def __len__(self) -> int:
+        coordinator = getattr(self, "coordinator", None)
+        return super().__len__() if coordinator is None else len(coordinator)
+
     def __iter__(self):
+        if self.coordinator is not None:  # batches come from the daemon: coordinator/client.py
+            epoch = self.coordinator.epoch(self.pin_memory)
+            self.epoch = epoch.epoch
+            return epoch
         self.epoch = self._next_epoch
         self._next_epoch += 1
         if self._coordl_dataset:

@@ -1,0 +1,173 @@
+"""`coordl serve` (the coordinator daemon) and `coordl status`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+import click
+
+from .coordinator.config import ServeConfig, default_socket_path
+from .errors import CoordlError
+
+_SOCKET_HELP = f"Unix socket path (default {default_socket_path()})."
+
+
+def _size(ctx, param, value):
+    if value is None:
+        return None
+    from .caching import parse_size
+
+    try:
+        return parse_size(value, "--cache")
+    except CoordlError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+@click.command("serve")
+@click.option("--data", required=True, type=click.Path(file_okay=False), help="ImageFolder root.")
+@click.option("--batch-size", type=int, required=True, help="Images per batch (the jobs' batch_size).")
+@click.option("--transform", type=click.Choice(["train", "val"]), default="train", show_default=True)
+@click.option("--size", type=int, default=224, show_default=True, help="Output height and width.")
+@click.option("--epochs", type=int, default=None,
+              help="Epochs to serve, then exit once every job has left (default: until stopped).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Order and augmentation seed.")
+@click.option("--workers", type=int, default=None, help="Prep worker processes (default: all cores).")
+@click.option("--cache", "cache_bytes", default=None, callback=_size,
+              help="MinIO cache budget for the encoded bytes, e.g. 8GiB.")
+@click.option("--socket", "socket_path", default=None, help=_SOCKET_HELP)
+@click.option("--slots", type=int, default=8, show_default=True,
+              help="Ring slots K: the fastest job runs at most K batches ahead of the slowest.")
+@click.option("--straggler-timeout", type=float, default=300.0, show_default=True,
+              help="Seconds a job may hold the oldest batch of a full ring before it is detached.")
+@click.option("--min-jobs", type=int, default=1, show_default=True,
+              help="Jobs to wait for before preparing the first batch (all start at epoch 0).")
+@click.option("--shuffle/--no-shuffle", default=True, show_default=True)
+@click.option("--drop-last/--keep-last", default=False, show_default=True)
+@click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+              help="A bad image: fail its batch in the jobs, or drop it from the batch.")
+@click.option("--detach", is_flag=True, help="Run in the background; log to <socket>.log.")
+def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_bytes, socket_path,
+              slots, straggler_timeout, min_jobs, shuffle, drop_last, on_error, detach):
+    """The coordinator daemon: prepare each batch once, for every attached job.
+
+    Jobs attach with coordl.DataLoader(coordl.ImageFolder(DIR), batch_size=B,
+    shuffle=True, coordinator="unix://SOCKET"). SIGTERM or SIGINT stops it cleanly.
+    """
+    from .coordinator.daemon import Daemon
+
+    extra = {k: v for k, v in (("workers", workers), ("socket", socket_path)) if v is not None}
+    config = ServeConfig(data=data, batch_size=batch_size, transform=transform, size=size,
+                         epochs=epochs, seed=seed, cache_bytes=cache_bytes, slots=slots,
+                         straggler_timeout=straggler_timeout, min_jobs=min_jobs, shuffle=shuffle,
+                         drop_last=drop_last, on_error=on_error, **extra)
+    daemon = Daemon(config)  # scans the dataset here, so its errors reach this terminal
+    if detach:
+        _detach(daemon)
+        return
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s coordl serve[%(process)d]: %(message)s")
+    sys.exit(daemon.run(ready=_announce))
+
+
+def _announce(daemon) -> None:
+    click.echo(f"coordl serve: pid {os.getpid()} listening on unix://{daemon.socket_path} "
+               f"({len(daemon.dataset)} items, batch {daemon.plan.batch_size}, "
+               f"{daemon.layout.slots} slots, {daemon.config.workers} workers)")
+    sys.stdout.flush()
+
+
+def _detach(daemon) -> None:
+    """Double fork: the grandchild serves in its own session; this process returns once it listens."""
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child:
+        os.close(write_fd)
+        os.waitpid(child, 0)
+        with os.fdopen(read_fd, "rb") as pipe:
+            line = pipe.readline().decode(errors="replace").strip()
+        if not line.startswith("coordl serve:"):
+            raise CoordlError(line or f"the daemon exited before it listened: see "
+                              f"{daemon.socket_path}.log")
+        click.echo(line)
+        return
+    os.close(read_fd)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    log_path = daemon.socket_path + ".log"
+    code = 1
+    try:
+        os.makedirs(os.path.dirname(log_path), mode=0o700, exist_ok=True)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s coordl serve[%(process)d]: %(message)s")
+
+        def ready(d) -> None:
+            os.write(write_fd, (f"coordl serve: pid {os.getpid()} listening on "
+                                f"unix://{d.socket_path} (log: {log_path})\n").encode())
+            os.close(write_fd)
+
+        code = daemon.run(ready=ready, private_fds=(write_fd,))
+    except BaseException as e:
+        try:
+            os.write(write_fd, f"coordl serve: error: {e}\n".encode())
+        except OSError:
+            pass
+        logging.getLogger("coordl.serve").exception("the daemon failed")
+    finally:
+        os._exit(code)
+
+
+@click.command("status")
+@click.option("--socket", "socket_path", default=None, help=_SOCKET_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def status_cmd(socket_path, as_json):
+    """Attached jobs, each job's position, ring occupancy, images/s of a coordinator."""
+    from .coordinator.client import status
+
+    st = status(socket_path)
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+        return
+    occ = st["occupancy"]
+    click.echo(f"coordinator pid {st['pid']} on unix://{st['socket']}, up {st['uptime_s']:.0f} s\n"
+               f"  dataset    {st['data']} ({st['items']} items, fingerprint {st['fingerprint'][:12]}, "
+               f"{st['transform']} {st['size']}px)\n"
+               f"  plan       batch {st['batch_size']}, {st['batches_per_epoch']} batches/epoch, "
+               f"epochs {st['epochs'] or 'unlimited'}, seed {st['seed']}\n"
+               f"  ring       {st['slots']} slots ({st['ring_mib']} MiB): {occ['ready']} ready, "
+               f"{occ['filling']} filling, {occ['failed']} failed, {occ['free']} free\n"
+               f"  prep       {len(st['workers'])} workers, {st['images_per_s']:.0f} images/s, "
+               f"{st['produced_batches']} batches, {st['decodes']} decodes"
+               + ("" if st["started"] else f" (waiting for {st['min_jobs']} jobs)"))
+    if not st["jobs"]:
+        click.echo("  jobs       none attached")
+    for j in st["jobs"]:
+        where = (f"epoch {j['epoch']} batch {j['batch']}/{j['batches_per_epoch']}"
+                 if j["epoch"] is not None else f"between epochs (starts at {j['start_epoch']})")
+        click.echo(f"  job {j['job']:<4}  pid {j['pid']:<8} {where}, holds {len(j['holding'])}, "
+                   f"{'waiting' if j['waiting'] else 'working'}, idle {j['idle_s']:.1f} s, "
+                   f"{j['batches']} batches")
+
+
+def wait_for_socket(path: str, timeout: float = 30.0) -> None:
+    """Block until a daemon answers on `path` (for scripts that start one)."""
+    from .coordinator.client import status
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status(path, timeout=2.0)
+            return
+        except CoordlError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

@@ -1,0 +1,351 @@
+"""The job's side of the coordinator (the daemon's side is daemon.py).
+
+`coordl.DataLoader(dataset, batch_size=B, shuffle=True, coordinator="unix:///path")`
+holds a `Client`: it attaches to the daemon (Hello/Welcome), maps the ring
+read-only, and each ``iter(loader)`` is one `EpochIterator` (Begin, then Next
+per batch). A batch is handed out as tensors that view the ring slot, with no
+copy: it stays valid until the next batch is requested, when the slot is
+released to the daemon (clone what you keep longer). With ``pin_memory=True``
+the batch is copied once into (pinned) memory of its own and the slot is
+released at once.
+
+No wait is unbounded without a check: every blocking read polls the socket
+once a second and checks that the daemon process still lives, so a daemon
+killed with SIGKILL makes the next call raise `CoordinatorError` within a
+second or two; the DataLoader's ``timeout`` (seconds, 0: none) bounds the
+wait for one batch as in torch.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import warnings
+import weakref
+
+import torch
+
+from coordl.errors import ConfigError, CoordinatorError, SampleError
+
+from . import protocol as p
+from . import segments
+from .config import default_socket_path, parse_address
+from .ring import INDEX, Layout, Ring
+
+_POLL = 1.0
+_CONNECT_TIMEOUT = 10.0
+_HELLO_TIMEOUT = 30.0
+
+
+class CoordinatedBatch(list):
+    """``[images, labels]`` as coordl's collate gives them, plus where they came from."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
+                 epoch: int, index: int) -> None:
+        super().__init__((images, labels))
+        self.images, self.labels = images, labels
+        self.indices = indices  # dataset item of each row (int64)
+        self.epoch = epoch
+        self.index = index      # global batch number at the daemon (plan.py)
+
+
+class _Channel:
+    """A blocking connection to the daemon that never waits without checking it lives."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(_CONNECT_TIMEOUT)
+        try:
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            raise CoordinatorError(
+                f"no coordinator listens on {path!r}: start one with `coordl serve --data DIR "
+                f"--batch-size B --socket {path}`, or pass the socket it printed") from None
+        except OSError as e:
+            sock.close()
+            raise CoordinatorError(f"cannot connect to the coordinator at {path!r}: "
+                                   f"{e.strerror or e}") from None
+        sock.setblocking(True)
+        pid, uid, _ = p.peer_credentials(sock)
+        if uid != os.getuid():
+            sock.close()
+            raise CoordinatorError(f"the process behind {path!r} (pid {pid}) runs as uid {uid}, "
+                                   f"not as you (uid {os.getuid()}): refusing to use it")
+        self.sock, self.daemon_pid = sock, pid
+        self.daemon_start = segments.proc_start(pid)
+        self.reader = p.FrameReader(p.TO_JOB, p.MAX_REPLY)
+        self.pending: list[p.Message] = []
+        self.closed_reason: str | None = None
+
+    def send(self, *msgs: p.Message) -> None:
+        self._raise_if_closed()
+        try:
+            self.sock.sendall(b"".join(m.encode() for m in msgs), socket.MSG_NOSIGNAL)
+        except OSError:
+            self._read_leftovers()
+            self._gone("the connection broke while sending")
+
+    def recv(self, timeout: float | None, waiting_for: str) -> p.Message:
+        """The next reply; raises CoordinatorError if the daemon detached us, died or timed out."""
+        waited = 0.0
+        while not self.pending:
+            self._raise_if_closed()
+            wait = _POLL if timeout is None else min(_POLL, timeout - waited)
+            readable, _, _ = select.select([self.sock], [], [], max(wait, 0.0))
+            if readable:
+                self._read()
+            elif not self._daemon_alive():
+                self._gone("its process is gone")
+            else:
+                waited += wait
+                if timeout is not None and waited >= timeout:
+                    raise CoordinatorError(
+                        f"no reply from the coordinator (pid {self.daemon_pid}) within {timeout:g} s "
+                        f"while waiting for {waiting_for}: `coordl status --socket {self.path}` shows "
+                        "what it is doing; pass a larger DataLoader timeout (0: no limit)")
+        msg = self.pending.pop(0)
+        if isinstance(msg, (p.Detached, p.ShuttingDown)):
+            self._close(msg.reason)
+            raise CoordinatorError(msg.reason)
+        return msg
+
+    def _read(self) -> None:
+        try:
+            data = self.sock.recv(1 << 20)
+        except OSError:
+            data = b""
+        if not data:
+            self._gone("it closed the connection")
+        self.pending.extend(self.reader.feed(data))
+
+    def _read_leftovers(self) -> None:
+        """After a failed send: pick up a Detached/ShuttingDown the daemon sent before closing."""
+        try:
+            while select.select([self.sock], [], [], 0)[0]:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    break
+                self.pending.extend(self.reader.feed(data))
+        except (OSError, p.ProtocolError):
+            pass
+        for msg in self.pending:
+            if isinstance(msg, (p.Detached, p.ShuttingDown)):
+                self._close(msg.reason)
+                raise CoordinatorError(msg.reason)
+
+    def _daemon_alive(self) -> bool:
+        return segments.proc_start(self.daemon_pid) == self.daemon_start
+
+    def _gone(self, how: str):
+        if self.closed_reason is None:
+            self._read_leftovers()
+        reason = (f"the coordinator (pid {self.daemon_pid}, {self.path}) went away: {how}; "
+                  "restart it (coordl serve), run `coordl cleanup` if it was killed, and restart "
+                  "this job")
+        self._close(reason)
+        raise CoordinatorError(reason)
+
+    def _raise_if_closed(self) -> None:
+        if self.closed_reason is not None:
+            raise CoordinatorError(self.closed_reason)
+
+    def _close(self, reason: str) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def close(self, reason: str) -> None:
+        if self.closed_reason is None:
+            try:
+                self.sock.sendall(p.Bye().encode(), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+            except OSError:
+                pass
+        self._close(reason)
+
+
+class Client:
+    """One job attached to a coordinator daemon; see the module docstring."""
+
+    def __init__(self, address: str | os.PathLike, dataset, batch_size: int, shuffle: bool,
+                 drop_last: bool, timeout: float = 0.0) -> None:
+        _check_dataset(dataset, batch_size)
+        self.path = parse_address(address)
+        self.timeout = float(timeout) if timeout and timeout > 0 else None
+        self._pid = os.getpid()
+        self.channel = _Channel(self.path)
+        try:
+            self.channel.send(p.Hello(
+                p.VERSION, dataset.fingerprint, str(dataset.root), len(dataset), dataset.transform,
+                dataset.size, int(batch_size), bool(shuffle), bool(drop_last), os.getpid()))
+            reply = self.channel.recv(_HELLO_TIMEOUT, "its welcome")
+            if isinstance(reply, p.Refused):
+                raise CoordinatorError(f"the coordinator at {self.path} refused this job: {reply.reason}")
+            if not isinstance(reply, p.Welcome):
+                raise CoordinatorError(f"the coordinator answered hello with {reply.TYPE!r}")
+            self.welcome = reply
+            self.ring = Ring.attach(reply.ring, Layout(reply.slots, reply.batch_size, reply.size))
+        except BaseException:
+            self.channel.close("attach failed")
+            raise
+        with warnings.catch_warnings():  # the ring is mapped read-only; so are these views
+            warnings.simplefilter("ignore", UserWarning)
+            self._images = [torch.from_numpy(a) for a in self.ring.images]
+            self._labels = [torch.from_numpy(a) for a in self.ring.labels]
+            self._ids = [torch.from_numpy(a) for a in self.ring.ids]
+        self._held: int | None = None
+        self._finalizer = weakref.finalize(self, _Channel.close, self.channel, "the job closed it")
+
+    # -- facts the daemon told us --
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.welcome.batches_per_epoch
+
+    @property
+    def job(self) -> int:
+        return self.welcome.job
+
+    @property
+    def daemon_pid(self) -> int:
+        return self.channel.daemon_pid
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    # -- iteration --
+    def epoch(self, pin_memory: bool = False) -> EpochIterator:
+        """Start this job's next epoch (one ``iter(loader)``)."""
+        return EpochIterator(self, pin_memory)
+
+    def _check_pid(self) -> None:
+        if os.getpid() != self._pid:
+            raise CoordinatorError(
+                f"this DataLoader's coordinator connection belongs to process {self._pid}, and "
+                f"process {os.getpid()} (a fork) cannot share it: create the DataLoader in the "
+                "process that iterates it")
+
+    def _call(self, msg: p.Message, timeout: float | None, waiting_for: str) -> p.Message:
+        self._check_pid()
+        out = [msg]
+        if self._held is not None:
+            out.insert(0, p.Release(self._held))
+            self._held = None
+        self.channel.send(*out)
+        reply = self.channel.recv(timeout, waiting_for)
+        if isinstance(reply, p.Refused):
+            self.channel._close(reply.reason)
+            raise CoordinatorError(f"the coordinator refused: {reply.reason}")
+        return reply
+
+    def _batch(self, ready: p.Ready, pin_memory: bool) -> CoordinatedBatch:
+        slot, n = ready.slot, ready.n
+        if int(self.ring.table[slot, INDEX]) != ready.index:
+            raise CoordinatorError(f"slot {slot} holds batch {int(self.ring.table[slot, INDEX])}, "
+                                   f"not {ready.index}: the ring is corrupt (please report this)")
+        images = self._images[slot][:n]
+        labels, ids = self._labels[slot][:n], self._ids[slot][:n]
+        if pin_memory:
+            images = _copy_out(images)
+            labels, ids = labels.clone(), ids.clone()
+            self.channel.send(p.Release(ready.index))
+        else:
+            self._held = ready.index
+        return CoordinatedBatch(images.permute(0, 3, 1, 2), labels, ids, ready.epoch, ready.index)
+
+    def status(self) -> dict:
+        """The daemon's status (see `coordl status`)."""
+        return self._call(p.Status(), _HELLO_TIMEOUT, "its status").status
+
+    def close(self) -> None:
+        """Detach now (the slot of the last batch is released)."""
+        self._finalizer()
+
+
+class EpochIterator:
+    """One epoch of batches from the daemon."""
+
+    def __init__(self, client: Client, pin_memory: bool) -> None:
+        self.client, self.pin_memory = client, pin_memory
+        reply = client._call(p.Begin(), _HELLO_TIMEOUT, "the start of an epoch")
+        if not isinstance(reply, p.EpochStart):
+            raise CoordinatorError(f"the coordinator answered begin with {reply.TYPE!r}")
+        self.epoch, self.batches = reply.epoch, reply.batches
+        self.done = False
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __next__(self) -> CoordinatedBatch:
+        if self.done:
+            raise StopIteration
+        reply = self.client._call(p.Next(), self.client.timeout, f"a batch of epoch {self.epoch}")
+        if isinstance(reply, p.EndOfEpoch):
+            self.done = True
+            raise StopIteration
+        if isinstance(reply, p.BatchFailed):
+            raise SampleError(f"batch {reply.index} of epoch {self.epoch} could not be prepared by "
+                              f"the coordinator: {reply.error}")
+        if not isinstance(reply, p.Ready):
+            raise CoordinatorError(f"the coordinator answered next with {reply.TYPE!r}")
+        return self.client._batch(reply, self.pin_memory)
+
+
+_warned_no_pin = False
+
+
+def _copy_out(images: torch.Tensor) -> torch.Tensor:
+    """One copy of a slot's images into memory of their own: pinned when there is an accelerator."""
+    global _warned_no_pin
+    pin = torch.cuda.is_available()
+    if not pin and not _warned_no_pin:
+        _warned_no_pin = True
+        warnings.warn("pin_memory=True but no accelerator is found: batches are copied out of the "
+                      "coordinator's ring into ordinary memory", stacklevel=4)
+    out = torch.empty(images.shape, dtype=images.dtype, pin_memory=pin)
+    out.copy_(images)
+    return out
+
+
+def _check_dataset(dataset, batch_size) -> None:
+    missing = [a for a in ("fingerprint", "root", "transform", "size") if not hasattr(dataset, a)]
+    if missing:
+        raise ConfigError(f"coordinator=... needs a coordl.ImageFolder (the daemon prepares its "
+                          f"items); {type(dataset).__name__} has no {', '.join(missing)}")
+    if dataset.transform not in ("train", "val"):
+        raise ConfigError(f"coordinator=... needs transform='train' or 'val' (the daemon runs "
+                          f"them); the dataset has transform={dataset.transform!r}")
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ConfigError(f"coordinator=... needs an integer batch_size (the daemon's "
+                          f"--batch-size), got batch_size={batch_size!r}")
+
+
+def connect(address: str | os.PathLike, dataset, batch_size, shuffle, drop_last, timeout: float,
+            custom: list[str]) -> Client:
+    """The `Client` of ``coordl.DataLoader(coordinator=address)``; `custom` names the DataLoader
+    arguments that were given and that the daemon would ignore (sampler, batch_sampler, collate_fn)."""
+    if custom:
+        raise ConfigError(f"coordinator=... decides the order and the batches, so it cannot honour "
+                          f"{', '.join(custom)}=: leave {' and '.join(custom)} unset, or drop "
+                          "coordinator= to load locally")
+    return Client(address, dataset, batch_size, bool(shuffle), bool(drop_last), timeout)
+
+
+def status(address: str | os.PathLike | None = None, timeout: float = 10.0) -> dict:
+    """The status of the daemon at `address` (default socket when None), without attaching."""
+    channel = _Channel(parse_address(address) if address else default_socket_path())
+    try:
+        channel.send(p.Status())
+        reply = channel.recv(timeout, "its status")
+        if not isinstance(reply, p.StatusReply):
+            raise CoordinatorError(f"the coordinator answered status with {reply.TYPE!r}")
+        return reply.status
+    finally:
+        channel.close("status done")

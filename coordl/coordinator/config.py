@@ -1,0 +1,87 @@
+"""The daemon's settings, validated in one place, and where its socket lives."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+
+from coordl.errors import ConfigError, CoordinatorError
+
+_SUN_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un.sun_path, less the NUL)
+
+
+def default_socket_path() -> str:
+    """$XDG_RUNTIME_DIR/coordl/serve.sock, else /tmp/coordl-<uid>/serve.sock."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    sub = "coordl" if base != "/tmp" else f"coordl-{os.getuid()}"
+    return os.path.join(base, sub, "serve.sock")
+
+
+def parse_address(address: str | os.PathLike) -> str:
+    """'unix:///run/x.sock' or '/run/x.sock' -> '/run/x.sock'."""
+    text = os.fspath(address)
+    if text.startswith("unix://"):
+        text = text[len("unix://"):]
+    elif "://" in text:
+        raise ConfigError(f"coordinator={address!r}: only unix:// addresses are supported, "
+                          "e.g. coordinator='unix:///tmp/coordl-1000/serve.sock'")
+    if not text:
+        raise ConfigError(f"coordinator={address!r} names no socket path")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def check_socket_path(path: str) -> None:
+    if len(os.fsencode(path)) > _SUN_PATH_MAX:
+        raise ConfigError(f"socket path {path!r} is longer than the {_SUN_PATH_MAX} bytes a Unix "
+                          "socket allows: pass a shorter --socket")
+
+
+def private_dir(path: str) -> None:
+    """Create the socket's folder (mode 0700) if missing; refuse one where others may replace files."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    st = os.stat(folder)
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise CoordinatorError(f"socket folder {folder!r} is writable by every user (mode "
+                               f"{stat.S_IMODE(st.st_mode):o}, no sticky bit), so anyone could replace "
+                               "the socket: pass --socket in a folder of your own")
+
+
+def _default_workers() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    data: str                               # ImageFolder root
+    batch_size: int                         # B
+    transform: str = "train"                # "train" or "val"
+    size: int = 224                         # output height and width
+    epochs: int | None = None               # epochs served in all (None: until stopped)
+    seed: int = 0                           # order and augmentation seed
+    workers: int = field(default_factory=_default_workers)  # W prep processes
+    cache_bytes: int | None = None          # MinIO cache budget (None: no cache)
+    socket: str = field(default_factory=default_socket_path)
+    slots: int = 8                          # K: ring slots, the most the fastest job runs ahead
+    straggler_timeout: float = 300.0        # s a job may block a full ring before it is detached
+    min_jobs: int = 1                       # jobs to wait for before preparing the first batch
+    shuffle: bool = True
+    drop_last: bool = False
+    on_error: str = "raise"                 # a bad image: "raise" (in the jobs) or "skip"
+
+    def __post_init__(self) -> None:
+        if self.transform not in ("train", "val"):
+            raise ConfigError(f"--transform {self.transform!r}: use 'train' or 'val'")
+        if self.on_error not in ("raise", "skip"):
+            raise ConfigError(f"--on-error {self.on_error!r}: use 'raise' or 'skip'")
+        for name, low in (("batch_size", 1), ("size", 1), ("workers", 1), ("slots", 2),
+                          ("min_jobs", 1)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= low):
+                raise ConfigError(f"--{name.replace('_', '-')} {value!r}: must be an integer >= {low}")
+        if self.epochs is not None and self.epochs < 1:
+            raise ConfigError(f"--epochs {self.epochs}: must be >= 1 (omit it to serve until stopped)")
+        if not self.straggler_timeout > 0:
+            raise ConfigError(f"--straggler-timeout {self.straggler_timeout}: must be > 0 seconds")
+        check_socket_path(self.socket)

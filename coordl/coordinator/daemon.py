@@ -1,0 +1,485 @@
+"""The coordinator daemon (`coordl serve`): prepares each batch once for many jobs.
+
+One process, one thread, one `selectors` loop over: the listening Unix
+socket, one socket per connected job (or `coordl status`), one socketpair per
+prep worker (workers.py) and a wake-up socket for signals. The rules of who
+gets what live in scheduler.py; this module only moves messages and owns
+processes and segments. The job's side is client.py.
+
+NOTE (lifecycle of every process and segment):
+- daemon: started by `coordl serve` (with --detach: a double fork, setsid,
+  output to <socket>.log). SIGTERM/SIGINT: it tells every job ShuttingDown,
+  closes their sockets, removes its socket file, closes the workers' sockets
+  and reaps them (SIGKILL after 5 s), then unlinks the ring. With --epochs it
+  also stops by itself once no job is attached and none could get a whole
+  epoch. SIGKILL: the kernel closes every socket, so jobs see EOF at their
+  next read and raise CoordinatorError; workers die by PR_SET_PDEATHSIG (or
+  at EOF); the ring segment and the socket file stay behind until
+  `coordl cleanup` (cleanup.py) removes them, which it does only once the
+  daemon (pid + start time in the name) is gone.
+- prep workers: see workers.py.
+- ring segment ``coordl-serve-<pid>-<start>-<fingerprint12>-ring`` in
+  /dev/shm (ring.py, segments.py): created by the daemon, mode 0600, before
+  it listens; mapped read-write by the daemon and (inherited) by its
+  workers, read-only by jobs; unlinked only by the daemon at shutdown (or by
+  `coordl cleanup` after its death). Jobs keep their mapping after the
+  unlink, so tensors they hold stay readable; the memory goes back when the
+  last mapping closes.
+- socket file: created by the daemon with mode 0600 (umask 0177 around
+  bind), in a folder it creates with mode 0700; removed at shutdown if it is
+  still the daemon's own (same inode); a stale one (nobody accepts) is
+  replaced by the next daemon or removed by `coordl cleanup`.
+- job: attaches with Hello, detaches with Bye, by closing its socket, or by
+  dying (SIGKILL included: the kernel closes the socket, the daemon sees EOF
+  and releases its holds at once). A job detached as a straggler gets
+  Detached and its socket closed; its next call raises CoordinatorError.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import os
+import selectors
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from coordl.errors import CoordinatorError
+
+from . import protocol as p
+from . import segments
+from .config import ServeConfig, private_dir
+from .plan import Plan
+from .ring import Layout, Ring, SlotTable
+from .scheduler import Scheduler
+from .workers import WorkerPool
+
+log = logging.getLogger("coordl.serve")
+_MAX_CONNECTIONS = 512
+_MAX_OUTBUF = 8 * 2**20
+_TICK = 0.25
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    peer_pid: int
+    reader: p.FrameReader = field(default_factory=lambda: p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST))
+    out: bytearray = field(default_factory=bytearray)
+    job: int | None = None
+    closing: bool = False
+
+
+class Daemon:
+    """`Daemon(config).run()` serves until stopped; see the module docstring."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        from coordl.dataset import ImageFolder
+
+        self.config = config
+        self.dataset = ImageFolder(config.data, transform=config.transform, size=config.size,
+                                   seed=config.seed, on_error=config.on_error)
+        if config.cache_bytes:
+            self._use_cache(config.cache_bytes)
+        self.plan = Plan(len(self.dataset), config.batch_size, config.seed, config.shuffle,
+                         config.drop_last, config.epochs)
+        self.layout = Layout(config.slots, config.batch_size, config.size)
+        self.socket_path = config.socket
+        self.conns: dict[int, _Conn] = {}
+        self.stop_reason: str | None = None
+        self.detached = 0
+        self.started_at = time.monotonic()
+        self.produced_batches = self.produced_images = 0
+        self._rate = collections.deque([(self.started_at, 0)], maxlen=64)
+        self._signal = 0
+        self.ring: Ring | None = None
+        self.pool: WorkerPool | None = None
+        self.listener: socket.socket | None = None
+        self._socket_inode: int | None = None
+        self.sel = selectors.DefaultSelector()
+
+    def _use_cache(self, budget: int) -> None:
+        from coordl.caching import cache_for
+
+        self.dataset.cache = cache_for(self.dataset, budget)
+        self.dataset.drop_page_cache = True
+
+    # -- start and stop --
+    def run(self, ready: Callable[[Daemon], None] | None = None, private_fds: tuple[int, ...] = ()) -> int:
+        """Serve until SIGTERM/SIGINT or, with --epochs, until done; the exit status. `ready` is
+        called once it listens; `private_fds` are descriptors the prep workers must not inherit."""
+        old_handlers: dict[int, object] = {}
+        wake_r, wake_w = socket.socketpair()
+        try:
+            wake_r.setblocking(False)
+            wake_w.setblocking(False)
+            signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+            self.sel.register(wake_r, selectors.EVENT_READ, self._on_wake)
+            self._start(extra_fds=[wake_r.fileno(), wake_w.fileno(), *private_fds])
+            if ready is not None:
+                ready(self)
+            self._loop()
+        finally:
+            signal.set_wakeup_fd(-1)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            self._shutdown(self.stop_reason or "the daemon failed")
+            wake_r.close()
+            wake_w.close()
+        return 0
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signal = signum
+
+    def _on_wake(self, sock, _events) -> None:
+        try:
+            while sock.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        if self._signal:
+            self.stop(f"received {signal.Signals(self._signal).name}")
+
+    def stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def _start(self, extra_fds: list[int]) -> None:
+        private_dir(self.socket_path)
+        _refuse_live_socket(self.socket_path)
+        name = f"{segments.daemon_prefix()}{self.dataset.fingerprint[:12]}-ring"
+        self.ring = Ring.create(name, self.layout, self.socket_path)
+        self.slots = SlotTable(self.layout.slots, self.ring.table)
+        self.scheduler = Scheduler(self.plan, self.slots, self.config.min_jobs)
+        self.pool = WorkerPool(self.dataset, self.plan, self.ring, self.config.workers,
+                               lambda: [*extra_fds, *self._own_fds()])
+        self.pool.start()
+        self._sync_workers()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            listener.bind(self.socket_path)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.socket_path, 0o600)
+        self._socket_inode = os.stat(self.socket_path).st_ino
+        listener.listen(64)
+        listener.setblocking(False)
+        self.listener = listener
+        self.sel.register(listener, selectors.EVENT_READ, self._on_accept)
+        log.info("pid %d serving %s (%d items, fingerprint %s) on %s: batch %d, %d slots (%.0f MiB), "
+                 "%d workers, epochs %s", os.getpid(), self.dataset.root, len(self.dataset),
+                 self.dataset.fingerprint[:12], self.socket_path, self.plan.batch_size,
+                 self.layout.slots, self.layout.total_bytes / 2**20, self.config.workers,
+                 self.plan.epochs or "unlimited")
+
+    def _own_fds(self) -> list[int]:
+        fds = [self.sel.fileno() if hasattr(self.sel, "fileno") else -1]
+        if self.listener is not None:
+            fds.append(self.listener.fileno())
+        fds.extend(self.conns)
+        return [fd for fd in fds if fd >= 0]
+
+    def _shutdown(self, reason: str) -> None:
+        log.info("shutting down: %s", reason)
+        for conn in list(self.conns.values()):
+            if conn.job is not None:
+                self._send(conn, p.ShuttingDown(f"the coordinator (pid {os.getpid()}) is shutting "
+                                                f"down: {reason}"))
+            self._close(conn, None)
+        if self.listener is not None:
+            self.listener.close()
+            try:
+                if os.stat(self.socket_path).st_ino == self._socket_inode:
+                    os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+        if self.pool is not None:
+            self.pool.stop()
+        if self.ring is not None:
+            self.ring.unlink()
+            self.ring.close()
+        self.sel.close()
+
+    # -- the loop --
+    def _loop(self) -> None:
+        next_tick = 0.0
+        while self.stop_reason is None:
+            for key, events in self.sel.select(_TICK):
+                key.data(key.fileobj, events)
+                if self.stop_reason is not None:
+                    return
+            self._produce()
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + _TICK
+                self._tick(now)
+
+    def _tick(self, now: float) -> None:
+        for job_id in self.scheduler.stragglers(now, self.config.straggler_timeout):
+            conn = self._conn_of(job_id)
+            reason = (f"detached by the coordinator as a straggler: this job held the oldest batch "
+                      f"of a full ring for more than --straggler-timeout "
+                      f"{self.config.straggler_timeout:g} s while other jobs waited")
+            if conn is not None:
+                self._send(conn, p.Detached(reason))
+                self._close(conn, "straggler: held the ring past --straggler-timeout")
+        if now - self._rate[-1][0] >= 1.0:
+            self._rate.append((now, self.produced_images))
+        if self.scheduler.finished():
+            self.stop(f"served all {self.plan.epochs} epochs and every job has left")
+
+    def _produce(self) -> None:
+        now = time.monotonic()
+        while (claim := self.scheduler.to_prepare(now)) is not None:
+            self.pool.submit(*claim)
+
+    # -- workers --
+    def _sync_workers(self) -> None:
+        registered = {k.fd for k in self.sel.get_map().values() if k.data == self._on_worker}
+        for fd, worker in self.pool.workers.items():
+            if fd not in registered:
+                self.sel.register(worker.sock, selectors.EVENT_READ, self._on_worker)
+
+    def _on_worker(self, sock, _events) -> None:
+        fd = sock.fileno()
+        if fd not in self.pool.workers:
+            self.sel.unregister(sock)
+            return
+        try:
+            finished = self.pool.on_readable(fd)
+        except p.ProtocolError as e:  # our own child sent garbage: a bug, but do not hang
+            raise CoordinatorError(f"prep worker sent a bad message: {e}") from None
+        if fd not in self.pool.workers:  # it died and was replaced
+            self.sel.unregister(sock)
+            self._sync_workers()
+        for slot, rows, error in finished:
+            if error is None:
+                self.produced_batches += 1
+                self.produced_images += rows
+                replies = self.scheduler.published(slot, rows)
+            else:
+                log.error("batch %d failed: %s", self.slots.index[slot], error)
+                replies = self.scheduler.failed(slot, error)
+            for job_id, msg in replies:
+                conn = self._conn_of(job_id)
+                if conn is not None:
+                    self._send(conn, msg)
+
+    # -- connections --
+    def _on_accept(self, listener, _events) -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and friends: refuse this one, keep serving
+                log.warning("accept failed: %s", e)
+                return
+            pid, uid, _gid = p.peer_credentials(sock)
+            if uid != os.getuid() or len(self.conns) >= _MAX_CONNECTIONS:
+                sock.close()
+                continue
+            sock.setblocking(False)
+            conn = _Conn(sock, pid)
+            self.conns[sock.fileno()] = conn
+            self.sel.register(sock, selectors.EVENT_READ, self._on_conn)
+
+    def _conn_of(self, job_id: int) -> _Conn | None:
+        for conn in self.conns.values():
+            if conn.job == job_id:
+                return conn
+        return None
+
+    def _on_conn(self, sock, events) -> None:
+        conn = self.conns.get(sock.fileno())
+        if conn is None:
+            return
+        if events & selectors.EVENT_WRITE:
+            self._flush(conn)
+        if not events & selectors.EVENT_READ or conn.closing:
+            return
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn, "its socket closed (the job exited or died)")
+            return
+        try:
+            messages = conn.reader.feed(data)
+        except p.ProtocolError as e:
+            log.warning("pid %d sent a bad message: %s", conn.peer_pid, e)
+            self._send(conn, p.Refused(f"bad message: {e}"))
+            self._close(conn, f"bad message: {e}")
+            return
+        for msg in messages:
+            if conn.closing:
+                return
+            self._handle(conn, msg)
+
+    def _handle(self, conn: _Conn, msg: p.Message) -> None:
+        now = time.monotonic()
+        if isinstance(msg, p.Status):
+            self._send(conn, p.StatusReply(self.status()))
+        elif isinstance(msg, p.Hello):
+            self._hello(conn, msg, now)
+        elif isinstance(msg, p.Bye):
+            self._close(conn, "it said bye")
+        elif conn.job is None:
+            self._send(conn, p.Refused(f"{msg.TYPE!r} before 'hello': attach first"))
+            self._close(conn, None)
+        elif isinstance(msg, p.Begin):
+            self._reply(conn, self.scheduler.begin(conn.job, now))
+        elif isinstance(msg, p.Next):
+            reply = self.scheduler.next(conn.job, now)
+            if reply is not None:
+                self._reply(conn, reply)
+        elif isinstance(msg, p.Release):
+            self.scheduler.release(conn.job, msg.index, now)
+
+    def _reply(self, conn: _Conn, msg: p.Message) -> None:
+        self._send(conn, msg)
+        if isinstance(msg, p.Refused):
+            self._close(conn, msg.reason)
+
+    def _hello(self, conn: _Conn, msg: p.Hello, now: float) -> None:
+        problem = self._mismatch(msg)
+        job = None
+        if problem is None and conn.job is not None:
+            problem = "this connection is already attached as a job"
+        if problem is None:
+            job = self.scheduler.attach(conn.peer_pid, now)
+            if isinstance(job, str):
+                problem, job = job, None
+        if job is None:
+            self._send(conn, p.Refused(problem))
+            self._close(conn, None)
+            return
+        conn.job = job.id
+        log.info("job %d (pid %d) attached; it starts at epoch %d", job.id, conn.peer_pid,
+                 job.start_epoch)
+        self._send(conn, p.Welcome(job.id, os.getpid(), self.ring.path, self.layout.slots,
+                                   self.plan.batch_size, self.layout.size,
+                                   self.plan.batches_per_epoch, self.plan.epochs, self.plan.seed,
+                                   job.start_epoch))
+
+    def _mismatch(self, msg: p.Hello) -> str | None:
+        ds, plan = self.dataset, self.plan
+        if msg.version != p.VERSION:
+            return (f"protocol version {msg.version} (job) != {p.VERSION} (daemon): run the same "
+                    "coordl version in the job and the daemon")
+        if msg.fingerprint != ds.fingerprint or msg.items != len(ds):
+            return (f"dataset fingerprint {msg.fingerprint[:12]} ({msg.items} items in "
+                    f"{msg.root!r}, the job's) != {ds.fingerprint[:12]} ({len(ds)} items in "
+                    f"{ds.root!r}, the daemon's): point the job and the daemon at the same dataset "
+                    "folder; if its files changed since the daemon started, restart the daemon")
+        pairs = (("transform", msg.transform, ds.transform, "--transform"),
+                 ("size", msg.size, ds.size, "--size"),
+                 ("batch_size", msg.batch_size, plan.batch_size, "--batch-size"),
+                 ("shuffle", msg.shuffle, plan.shuffle, "--shuffle/--no-shuffle"),
+                 ("drop_last", msg.drop_last, plan.drop_last, "--drop-last/--keep-last"))
+        for name, job_value, ours, flag in pairs:
+            if job_value != ours:
+                return (f"{name}={job_value!r} (job) does not match the coordinator's "
+                        f"{name}={ours!r}: pass {name}={ours!r} in the job, or serve with {flag} "
+                        f"{job_value}")
+        return None
+
+    def _send(self, conn: _Conn, msg: p.Message) -> None:
+        if conn.closing and not isinstance(msg, (p.Refused, p.Detached, p.ShuttingDown)):
+            return
+        conn.out += msg.encode()
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            while conn.out:
+                sent = conn.sock.send(conn.out, socket.MSG_NOSIGNAL)
+                del conn.out[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            conn.out.clear()
+        fd = conn.sock.fileno()
+        if fd < 0 or fd not in self.conns:
+            return
+        if len(conn.out) > _MAX_OUTBUF:
+            self._close(conn, "it does not read its replies")
+            return
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        if self.sel.get_key(conn.sock).events != want:
+            self.sel.modify(conn.sock, want, self._on_conn)
+
+    def _close(self, conn: _Conn, reason: str | None) -> None:
+        fd = conn.sock.fileno()
+        if fd in self.conns:
+            del self.conns[fd]
+            self.sel.unregister(conn.sock)
+        conn.closing = True
+        if conn.job is not None:
+            self.scheduler.detach(conn.job)
+            self.detached += 1
+            log.info("job %d (pid %d) detached: %s", conn.job, conn.peer_pid, reason or "refused")
+            conn.job = None
+        try:
+            conn.sock.send(conn.out, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+        conn.sock.close()
+
+    # -- status --
+    def status(self) -> dict:
+        now = time.monotonic()
+        window = [s for s in self._rate if now - s[0] <= 10.0] or [self._rate[-1]]
+        (t0, n0), (t1, n1) = window[0], (now, self.produced_images)
+        counters = {k: int(v) for k, v in self.pool.counters.items()} if self.pool else {}
+        return {
+            "pid": os.getpid(), "socket": self.socket_path, "ring": self.ring.path if self.ring else None,
+            "data": self.dataset.root, "fingerprint": self.dataset.fingerprint, "items": len(self.dataset),
+            "transform": self.dataset.transform, "size": self.layout.size,
+            "batch_size": self.plan.batch_size, "batches_per_epoch": self.plan.batches_per_epoch,
+            "epochs": self.plan.epochs, "seed": self.plan.seed, "slots": self.layout.slots,
+            "ring_mib": round(self.layout.total_bytes / 2**20, 1),
+            "workers": self.pool.pids if self.pool else [], "worker_deaths": self.pool.deaths if self.pool else 0,
+            "occupancy": self.slots.counts(), "next_batch": self.scheduler.next_batch,
+            "started": self.scheduler.started, "min_jobs": self.config.min_jobs,
+            "produced_batches": self.produced_batches, "produced_images": self.produced_images,
+            "decodes": counters.get("decodes", 0), "counters": counters,
+            "images_per_s": round((n1 - n0) / (t1 - t0), 1) if t1 > t0 else 0.0,
+            "uptime_s": round(now - self.started_at, 1), "detached": self.detached,
+            "straggler_timeout": self.config.straggler_timeout,
+            "jobs": [self.scheduler.job_status(j, now) for j in self.scheduler.jobs.values()],
+        }
+
+
+def _refuse_live_socket(path: str) -> None:
+    """Raise if a daemon already accepts on `path`; remove a stale socket file."""
+    if not os.path.lexists(path):
+        return
+    import stat
+
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise CoordinatorError(f"--socket {path!r} exists and is not a socket: pass another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(2.0)
+        probe.connect(path)
+    except OSError as e:
+        if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise CoordinatorError(f"cannot check socket {path!r}: {e.strerror}") from None
+        os.unlink(path)  # stale: its daemon is gone
+        return
+    finally:
+        probe.close()
+    raise CoordinatorError(f"a coordinator already listens on {path!r}: stop it (coordl status "
+                           f"--socket {path} shows its pid) or pass another --socket")
+

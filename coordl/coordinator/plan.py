@@ -1,0 +1,102 @@
+"""The coordinator's plan: pure functions of (items, batch size, seed, epoch).
+
+Batches are numbered globally: batch ``g`` is batch ``g % batches_per_epoch``
+of epoch ``g // batches_per_epoch``. The order of epoch ``e`` is a
+permutation of the dataset that depends only on (seed, e), and an item's
+augmentation depends only on (seed, e, item) (`coordl.pipelines.crop.item_rng`),
+so every process that holds a `Plan` (the daemon, its prep workers, a test)
+computes the same batches without talking to the others.
+
+Late joiners. A job that attaches starts at an epoch boundary, so its epochs
+are whole: its first batch is the first batch of the earliest epoch whose
+batches are all still available, i.e. still in the ring or not yet prepared
+(`join_epoch`). A job that attaches while the others are in the middle of
+epoch e therefore starts with epoch e + 1 (its first batch comes when that
+epoch's first batch is prepared, at most K batches after the slowest job's);
+a job that attaches to an idle daemon, or while the ring still holds the
+first batch of an epoch, starts with that epoch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from coordl.errors import ConfigError
+
+# Keeps the order's random stream apart from the items' augmentation streams,
+# which are SeedSequence((seed, epoch, item)) with no spawn key.
+_ORDER_KEY = (0x0DE5,)
+
+
+@dataclass(frozen=True)
+class Plan:
+    items: int                 # dataset length N
+    batch_size: int            # B: items per batch (the last batch of an epoch may be shorter)
+    seed: int = 0              # order and augmentation seed
+    shuffle: bool = True       # False: every epoch in dataset order
+    drop_last: bool = False    # True: drop an epoch's last, short batch
+    epochs: int | None = None  # epochs served in all; None: until the daemon is stopped
+
+    def __post_init__(self) -> None:
+        for name, low in (("items", 1), ("batch_size", 1)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= low):
+                raise ConfigError(f"{name}={value!r} must be an int >= {low}")
+        if self.drop_last and self.items < self.batch_size:
+            raise ConfigError(f"drop_last with batch_size={self.batch_size} > {self.items} items "
+                              "leaves no batch: pass a smaller batch size or drop_last=False")
+        if self.epochs is not None and not (isinstance(self.epochs, int) and self.epochs >= 1):
+            raise ConfigError(f"epochs={self.epochs!r} must be an int >= 1, or None for no limit")
+
+    @property
+    def batches_per_epoch(self) -> int:
+        n, b = self.items, self.batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    @property
+    def total_batches(self) -> int | None:
+        """Batches served in all (None: no limit)."""
+        return None if self.epochs is None else self.epochs * self.batches_per_epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The item order of `epoch`: an int64 permutation of range(items) (read-only)."""
+        return _order(self.items, self.seed, self.shuffle, epoch)
+
+    def epoch_of(self, g: int) -> int:
+        return g // self.batches_per_epoch
+
+    def batch(self, g: int) -> np.ndarray:
+        """The item indices of global batch `g`, in order."""
+        epoch, b = divmod(g, self.batches_per_epoch)
+        lo = b * self.batch_size
+        return self.order(epoch)[lo:lo + self.batch_size]
+
+    def batch_len(self, g: int) -> int:
+        b = g % self.batches_per_epoch
+        return min(self.batch_size, self.items - b * self.batch_size)
+
+    def first_batch(self, epoch: int) -> int:
+        return epoch * self.batches_per_epoch
+
+    def join_epoch(self, low: int) -> int:
+        """The epoch a job attaching now starts with, given `low`: every batch from `low` on is
+        still available to it (in the ring, or not prepared yet)."""
+        return -(-low // self.batches_per_epoch)
+
+    def served(self, epoch: int) -> bool:
+        """Is `epoch` among the epochs this plan serves?"""
+        return self.epochs is None or epoch < self.epochs
+
+
+@functools.lru_cache(maxsize=4)
+def _order(items: int, seed: int, shuffle: bool, epoch: int) -> np.ndarray:
+    if shuffle:
+        seq = np.random.SeedSequence((seed, epoch), spawn_key=_ORDER_KEY)
+        order = np.random.Generator(np.random.PCG64(seq)).permutation(items)
+    else:
+        order = np.arange(items, dtype=np.int64)
+    order.flags.writeable = False
+    return order

@@ -1,0 +1,277 @@
+"""Messages between the coordinator daemon, its jobs and its prep workers.
+
+A message is one frame: a 4-byte big-endian length, then a msgpack map with a
+``"type"`` key and the message's fields. Nothing is ever pickled, and batch
+data never travels here: it lies in the ring (see ring.py); a message only
+names a slot. Every message is a small frozen dataclass; decoding checks the
+type name against the set the receiver accepts, the field names and each
+field's type, and raises `ProtocolError` for anything else, so a malformed or
+oversized frame costs the daemon one connection, never the process.
+
+Who sends what (request -> reply):
+
+    job -> daemon      Hello        -> Welcome | Refused
+                       Begin        -> EpochStart | Refused      (start the job's next epoch)
+                       Next         -> Ready | EndOfEpoch | BatchFailed
+                       Release      (no reply: the job is done with that batch's slot)
+                       Bye          (no reply: detach now)
+    any -> daemon      Status       -> StatusReply
+    daemon -> job      Detached, ShuttingDown   (unsolicited, then the daemon closes the socket)
+    daemon -> worker   PrepTask     -> PrepDone | PrepFailed     (worker.py)
+"""
+
+import functools
+import socket
+import struct
+import types
+import typing
+from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
+
+import msgpack
+
+from coordl.errors import CoordinatorError
+
+VERSION = 1
+HEADER = struct.Struct(">I")
+MAX_REQUEST = 64 * 1024      # bytes of one frame the daemon accepts from a client
+MAX_REPLY = 4 * 1024 * 1024  # bytes of one frame a client accepts from the daemon
+
+
+class ProtocolError(CoordinatorError):
+    """A frame that is too large, not msgpack, or not a message the receiver accepts."""
+
+
+@dataclass(frozen=True)
+class Message:
+    TYPE: ClassVar[str] = ""
+
+    def encode(self) -> bytes:
+        body = msgpack.packb({"type": self.TYPE, **asdict(self)}, use_bin_type=True)
+        return HEADER.pack(len(body)) + body
+
+
+def _registry(*classes: type[Message]) -> dict[str, type[Message]]:
+    return {c.TYPE: c for c in classes}
+
+
+# -- job -> daemon ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Hello(Message):
+    """A job asks to attach; the daemon checks every field against its own dataset."""
+    TYPE: ClassVar[str] = "hello"
+    version: int
+    fingerprint: str   # the job's dataset fingerprint (sha256 hex of the manifest)
+    root: str          # the job's dataset folder (for error messages)
+    items: int
+    transform: str
+    size: int
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    pid: int
+
+
+@dataclass(frozen=True)
+class Begin(Message):
+    TYPE: ClassVar[str] = "begin"
+
+
+@dataclass(frozen=True)
+class Next(Message):
+    TYPE: ClassVar[str] = "next"
+
+
+@dataclass(frozen=True)
+class Release(Message):
+    TYPE: ClassVar[str] = "release"
+    index: int         # global batch index (plan.py) the job is done with
+
+
+@dataclass(frozen=True)
+class Bye(Message):
+    TYPE: ClassVar[str] = "bye"
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    TYPE: ClassVar[str] = "status"
+
+
+# -- daemon -> job ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Welcome(Message):
+    TYPE: ClassVar[str] = "welcome"
+    job: int                 # the job's id at this daemon
+    pid: int                 # the daemon's pid
+    ring: str                # path of the ring segment (ring.py)
+    slots: int
+    batch_size: int
+    size: int
+    batches_per_epoch: int
+    epochs: int | None       # epochs the daemon serves in all (None: no limit)
+    seed: int
+    start_epoch: int         # the job's first epoch (late joiners: the next boundary)
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    TYPE: ClassVar[str] = "refused"
+    reason: str
+
+
+@dataclass(frozen=True)
+class EpochStart(Message):
+    TYPE: ClassVar[str] = "epoch"
+    epoch: int
+    batches: int
+
+
+@dataclass(frozen=True)
+class Ready(Message):
+    """Batch `index` lies in `slot`: its first `n` rows are valid; the job holds it until Release."""
+    TYPE: ClassVar[str] = "ready"
+    index: int
+    epoch: int
+    slot: int
+    n: int
+
+
+@dataclass(frozen=True)
+class EndOfEpoch(Message):
+    TYPE: ClassVar[str] = "end"
+    epoch: int
+
+
+@dataclass(frozen=True)
+class BatchFailed(Message):
+    """Batch `index` could not be prepared; `error` says which file and why."""
+    TYPE: ClassVar[str] = "failed"
+    index: int
+    error: str
+
+
+@dataclass(frozen=True)
+class Detached(Message):
+    TYPE: ClassVar[str] = "detached"
+    reason: str
+
+
+@dataclass(frozen=True)
+class ShuttingDown(Message):
+    TYPE: ClassVar[str] = "shutdown"
+    reason: str
+
+
+@dataclass(frozen=True)
+class StatusReply(Message):
+    TYPE: ClassVar[str] = "status_reply"
+    status: dict             # see Daemon.status()
+
+
+# -- daemon <-> prep worker ---------------------------------------------------------
+@dataclass(frozen=True)
+class PrepTask(Message):
+    """Prepare rows lo..hi of batch `index` into `slot`."""
+    TYPE: ClassVar[str] = "prep"
+    slot: int
+    index: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class PrepDone(Message):
+    """Rows lo..lo+kept hold the samples kept (kept < hi - lo only with on_error='skip')."""
+    TYPE: ClassVar[str] = "prep_done"
+    slot: int
+    index: int
+    lo: int
+    hi: int
+    kept: int
+    counters: dict           # this task's counter increments (stats.KEYS)
+
+
+@dataclass(frozen=True)
+class PrepFailed(Message):
+    TYPE: ClassVar[str] = "prep_failed"
+    slot: int
+    index: int
+    lo: int
+    hi: int
+    error: str
+
+
+TO_DAEMON = _registry(Hello, Begin, Next, Release, Bye, Status)
+TO_JOB = _registry(Welcome, Refused, EpochStart, Ready, EndOfEpoch, BatchFailed, Detached,
+                   ShuttingDown, StatusReply)
+TO_WORKER = _registry(PrepTask)
+FROM_WORKER = _registry(PrepDone, PrepFailed)
+
+
+def _fits(value, tp) -> bool:
+    if isinstance(tp, types.UnionType):
+        return any(_fits(value, t) for t in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
+    return isinstance(value, tp)
+
+
+def decode(body: bytes, accepted: dict[str, type[Message]]) -> Message:
+    """One frame's body -> the message, validated against `accepted`."""
+    try:
+        data = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise ProtocolError(f"frame is not valid msgpack ({type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(f"frame is a msgpack {type(data).__name__}, not a map")
+    kind = data.pop("type", None)
+    cls = accepted.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"message type {kind!r} is not one of {sorted(accepted)}")
+    schema = _schema(cls)
+    if data.keys() != schema.keys():
+        raise ProtocolError(f"{kind!r} message has fields {sorted(map(str, data))}, "
+                            f"expected {sorted(schema)}")
+    for name, value in data.items():
+        if not _fits(value, schema[name]):
+            raise ProtocolError(f"{kind!r} message field {name!r} = {value!r:.40} is not "
+                                f"{schema[name]}")
+    return cls(**data)
+
+
+@functools.cache
+def _schema(cls: type[Message]) -> dict[str, type]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+class FrameReader:
+    """Splits a byte stream into messages; refuses frames longer than `limit` bytes."""
+
+    def __init__(self, accepted: dict[str, type[Message]], limit: int) -> None:
+        self.accepted, self.limit = accepted, limit
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buf)
+            if length > self.limit:
+                raise ProtocolError(f"frame of {length} bytes is over the limit of {self.limit}")
+            end = HEADER.size + length
+            if len(self._buf) < end:
+                break
+            body = bytes(self._buf[HEADER.size:end])
+            del self._buf[:end]
+            out.append(decode(body, self.accepted))
+        return out
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)

@@ -1,0 +1,214 @@
+"""Who gets which batch when: the daemon's job table and production decisions.
+
+No I/O here: the daemon turns socket messages into calls on a `Scheduler` and
+sends the messages it returns. That keeps the rules in one place and testable
+without processes:
+
+- A job's *cursor* is the next batch (global index, plan.py) it will be
+  handed. Every batch at or after the cursor is one it needs, so when a batch
+  is published its holders are the attached jobs whose cursor is at or before
+  it. A batch handed out stays held by the job until it sends Release.
+- The producer prepares batches in order, only while some attached job needs
+  the next one, and only into a free slot: so the fastest job is at most K
+  batches ahead of the slowest (K = slots).
+- A job attaches at the next epoch boundary (`Plan.join_epoch`).
+- A job that stops mid-epoch and begins the next one gives up the rest of the
+  epoch (its holds on it are released at once).
+- A straggler is a holder of the oldest slot while the ring is full and the
+  producer has work to do, that has made no progress (no request, no
+  release) for `straggler_timeout` seconds; the daemon detaches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import protocol as p
+from .plan import Plan
+from .ring import SlotState, SlotTable
+
+
+@dataclass
+class Job:
+    id: int
+    pid: int
+    start_epoch: int
+    cursor: int                    # next batch to hand out
+    last_progress: float           # monotonic time of its last request or release
+    epoch: int | None = None       # the epoch it iterates (None: between epochs)
+    epoch_end: int = 0             # first batch after that epoch
+    waiting: bool = False          # a Next is pending until the batch is published
+    batches: int = 0               # batches handed out in all
+    holding: set[int] = field(default_factory=set)  # batch indices handed out, not released
+
+
+class Scheduler:
+    def __init__(self, plan: Plan, slots: SlotTable, min_jobs: int = 1) -> None:
+        self.plan, self.slots, self.min_jobs = plan, slots, min_jobs
+        self.jobs: dict[int, Job] = {}
+        self.next_batch = 0          # the next batch to prepare
+        self.started = False         # min_jobs were attached at least once
+        self.full_since: float | None = None  # when the producer last found no free slot
+        self._next_id = 1
+
+    # -- jobs --
+    def join_epoch(self) -> int:
+        """The epoch a job attaching now starts with: the first whose batches are all still to come."""
+        low = self.next_batch
+        while low - 1 in self.slots.by_index:  # the run of batches still in the ring
+            low -= 1
+        return self.plan.join_epoch(low)
+
+    def attach(self, pid: int, now: float) -> Job | str:
+        """A new job, or the reason it cannot attach."""
+        start = self.join_epoch()
+        if not self.plan.served(start):
+            return (f"this daemon serves {self.plan.epochs} epochs and all of them have started, "
+                    "so a new job would get no whole epoch: start a new daemon (coordl serve)")
+        job = Job(self._next_id, pid, start, self.plan.first_batch(start), now)
+        self._next_id += 1
+        self.jobs[job.id] = job
+        for index, slot in self.slots.by_index.items():
+            if index >= job.cursor:
+                self.slots.hold(slot, job.id)
+        if len(self.jobs) >= self.min_jobs:
+            self.started = True
+        return job
+
+    def detach(self, job_id: int) -> None:
+        if self.jobs.pop(job_id, None) is not None:
+            self._freed(self.slots.drop(job_id))
+
+    def begin(self, job_id: int, now: float) -> p.Message:
+        job = self.jobs[job_id]
+        job.last_progress, job.waiting = now, False
+        bpe = self.plan.batches_per_epoch
+        # between epochs: the one at the cursor; inside one: the next (the rest is given up)
+        epoch = -(-job.cursor // bpe) if job.epoch is None else job.epoch + 1
+        if not self.plan.served(epoch):
+            return p.Refused(f"this job has had all {self.plan.epochs} epochs the daemon serves "
+                             f"(it started at epoch {job.start_epoch}): iterate fewer epochs, or "
+                             "start the daemon with more (coordl serve --epochs)")
+        self._skip_to(job, self.plan.first_batch(epoch))
+        job.epoch, job.epoch_end = epoch, job.cursor + bpe
+        return p.EpochStart(epoch, bpe)
+
+    def _skip_to(self, job: Job, cursor: int) -> None:
+        """Move the cursor forward, releasing the batches the job gives up."""
+        if cursor > job.cursor:
+            freed = []
+            for index, slot in list(self.slots.by_index.items()):
+                if job.cursor <= index < cursor and self.slots.release(slot, job.id):
+                    freed.append(slot)
+            job.cursor = cursor
+            self._freed(freed)
+
+    def next(self, job_id: int, now: float) -> p.Message | None:
+        """The reply to Next, or None when the job must wait for the batch."""
+        job = self.jobs[job_id]
+        job.last_progress = now
+        if job.epoch is None:
+            return p.Refused("Next before Begin: start an epoch first")
+        if job.cursor >= job.epoch_end:
+            epoch, job.epoch = job.epoch, None
+            return p.EndOfEpoch(epoch)
+        reply = self._deliver(job)
+        if reply is None and job.cursor < self.next_batch and job.cursor not in self.slots.by_index:
+            return p.Refused(f"batch {job.cursor} was freed before this job took it (a bug: "
+                             "please report it); restart the job")
+        job.waiting = reply is None
+        return reply
+
+    def _deliver(self, job: Job) -> p.Message | None:
+        slot = self.slots.by_index.get(job.cursor)
+        if slot is None or self.slots.state[slot] not in (SlotState.READY, SlotState.FAILED):
+            return None
+        index = job.cursor
+        job.cursor += 1
+        job.batches += 1
+        if self.slots.state[slot] is SlotState.FAILED:
+            error = self.slots.error[slot] or "unknown error"
+            self._freed([slot] if self.slots.release(slot, job.id) else [])
+            return p.BatchFailed(index, error)
+        job.holding.add(index)
+        return p.Ready(index, self.plan.epoch_of(index), slot, self.slots.rows[slot])
+
+    def release(self, job_id: int, index: int, now: float) -> None:
+        job = self.jobs[job_id]
+        job.last_progress = now
+        if index not in job.holding:  # only what it was handed (others' holds are not its to drop)
+            return
+        job.holding.discard(index)
+        slot = self.slots.by_index.get(index)
+        if slot is not None and self.slots.release(slot, job_id):
+            self._freed([slot])
+
+    def _freed(self, slots: list[int]) -> None:
+        if slots:
+            self.full_since = None
+
+    # -- production --
+    def to_prepare(self, now: float) -> tuple[int, int] | None:
+        """(slot, batch) to prepare next, claimed; None when there is nothing to do now."""
+        if not self.started or not self.jobs:
+            return None
+        index = max(self.next_batch, min(j.cursor for j in self.jobs.values()))
+        total = self.plan.total_batches
+        if total is not None and index >= total:
+            return None
+        slot = self.slots.free_slot()
+        if slot is None:
+            if self.full_since is None:
+                self.full_since = now
+            return None
+        self.next_batch = index + 1
+        self.slots.claim(slot, index, self.plan.epoch_of(index))
+        return slot, index
+
+    def _holders(self, index: int) -> set[int]:
+        return {j.id for j in self.jobs.values() if j.cursor <= index}
+
+    def published(self, slot: int, rows: int) -> list[tuple[int, p.Message]]:
+        self.slots.publish(slot, rows, self._holders(self.slots.index[slot]))
+        return self._wake(self.slots.index[slot])
+
+    def failed(self, slot: int, error: str) -> list[tuple[int, p.Message]]:
+        index = self.slots.index[slot]
+        self.slots.fail(slot, error, self._holders(index))
+        return self._wake(index)
+
+    def _wake(self, index: int) -> list[tuple[int, p.Message]]:
+        out = []
+        for job in self.jobs.values():
+            if job.waiting and job.cursor == index:
+                reply = self._deliver(job)
+                if reply is not None:
+                    job.waiting = False
+                    out.append((job.id, reply))
+        return out
+
+    # -- faults and the end --
+    def stragglers(self, now: float, timeout: float) -> list[int]:
+        """Jobs to detach: they hold the oldest slot of a full ring and made no progress."""
+        if self.full_since is None or self.slots.free_slot() is not None:
+            return []
+        oldest = self.slots.oldest()
+        if oldest is None:
+            return []
+        holders = self.slots.holders[self.slots.by_index[oldest]]
+        return [j for j in holders
+                if now - max(self.jobs[j].last_progress, self.full_since) > timeout]
+
+    def finished(self) -> bool:
+        """No job attached and none could attach for a whole epoch: the daemon is done."""
+        return self.started and not self.jobs and not self.plan.served(self.join_epoch())
+
+    def job_status(self, job: Job, now: float) -> dict:
+        bpe = self.plan.batches_per_epoch
+        return {
+            "job": job.id, "pid": job.pid, "start_epoch": job.start_epoch,
+            "epoch": job.epoch, "batch": job.cursor - self.plan.first_batch(job.epoch)
+            if job.epoch is not None else None, "batches_per_epoch": bpe,
+            "holding": sorted(job.holding), "waiting": job.waiting, "batches": job.batches,
+            "idle_s": round(now - job.last_progress, 3),
+        }

@@ -1,0 +1,106 @@
+"""Names and lifetime of the daemon's shared-memory segments.
+
+A segment is a file in /dev/shm (a tmpfs) that processes map with
+``MAP_SHARED``. Every name the daemon creates starts with its own prefix,
+
+    coordl-serve-<pid>-<start>-
+
+where <pid> is the daemon's process id and <start> its start time in clock
+ticks since boot (proc(5) field 22), so that a pid reused by an unrelated
+process never makes a dead daemon's segments look alive. `owner_alive(name)`
+tells from the name alone whether the daemon that made a segment still runs;
+cleanup.py removes those whose owner is gone.
+
+Lifetime: the daemon creates (mode 0600, O_EXCL) and is the only process that
+unlinks; jobs and prep workers only map and close. An unlinked segment stays
+readable through the mappings that exist until the last one is closed.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+from coordl.errors import CoordinatorError
+
+SHM_DIR = "/dev/shm"
+PREFIX = "coordl-serve-"
+
+
+def proc_start(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (None: no such live process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+
+
+def daemon_prefix(pid: int | None = None) -> str:
+    """The prefix of every segment the daemon `pid` (default: this process) creates."""
+    pid = os.getpid() if pid is None else pid
+    return f"{PREFIX}{pid}-{proc_start(pid)}-"
+
+
+def owner(name: str) -> tuple[int, int] | None:
+    """(pid, start) of the daemon that created segment `name`; None if `name` is not ours."""
+    if not name.startswith(PREFIX):
+        return None
+    parts = name[len(PREFIX):].split("-", 2)
+    if len(parts) < 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def owner_alive(name: str) -> bool:
+    who = owner(name)
+    return who is not None and proc_start(who[0]) == who[1]
+
+
+def create(name: str, size: int, directory: str = SHM_DIR) -> tuple[int, str]:
+    """A new segment of `size` bytes, mode 0600, every page reserved now (no SIGBUS later)."""
+    path = os.path.join(directory, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # the umask may only remove bits, but say it anyway
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        os.close(fd)
+        os.unlink(path)
+        if e.errno == errno.ENOSPC:
+            st = os.statvfs(directory)
+            raise CoordinatorError(
+                f"the ring needs {size / 2**20:.0f} MiB but {directory} has "
+                f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB free: pass fewer --slots or a smaller "
+                f"--batch-size, or mount a larger {directory} (docker: --shm-size)") from None
+        raise
+    return fd, path
+
+
+def map_file(path: str, writable: bool) -> mmap.mmap:
+    """Map the whole segment at `path` (read-only unless `writable`)."""
+    fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size, mmap.MAP_SHARED,
+                         mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+    finally:
+        os.close(fd)
+
+
+def unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def list_ours(directory: str = SHM_DIR) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(directory) if n.startswith(PREFIX))
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,289 @@
+"""Prep workers: the processes that decode and augment straight into the ring.
+
+The daemon (daemon.py) owns a `WorkerPool`; each worker is a child forked
+from it, so it shares the dataset's manifest pages and the ring mapping, and
+talks to the daemon over its own socketpair with protocol.py frames:
+PrepTask(slot, index, lo, hi) in, PrepDone / PrepFailed out. A batch is
+split into one chunk of rows per worker; each worker has at most
+`_MAX_IN_FLIGHT` chunks at a time, the rest wait in the pool's queue, so
+chunks go to whichever worker is free and batches complete in order.
+
+NOTE (lifecycle of a prep worker):
+- created by the daemon (`WorkerPool.start`, and `_spawn` again when one died);
+  it closes every descriptor of the daemon's except its own socket;
+- attaches to nothing: it inherits the ring mapping and the dataset;
+- exits when its socket reaches EOF (the daemon closed it, or died);
+  prctl(PR_SET_PDEATHSIG, SIGKILL) also kills it if the daemon dies by
+  SIGKILL while it is decoding. It ignores SIGINT (Ctrl-C in the daemon's
+  terminal reaches the whole process group; the daemon decides);
+- on SIGKILL of a worker, the daemon sees EOF, reaps it, fails the batches
+  of its unfinished chunks (their holders get BatchFailed) and forks a new one;
+- the daemon reaps every worker at shutdown: EOF first, SIGKILL after 5 s.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from coordl.errors import SampleError
+
+from . import protocol as p
+from .plan import Plan
+from .ring import Ring
+
+log = logging.getLogger("coordl.serve")
+_MAX_IN_FLIGHT = 2
+_PR_SET_PDEATHSIG = 1
+
+
+class _TaskCounters:
+    """Stands in for the dataset's shared Counters in a worker: increments per task."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter = collections.Counter()
+
+    def add(self, **amounts: int) -> None:
+        self.counts.update(amounts)
+
+    def take(self) -> dict[str, int]:
+        out, self.counts = dict(self.counts), collections.Counter()
+        return out
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the daemon died before prctl took effect
+        os._exit(1)
+
+
+def _prep_rows(dataset, plan: Plan, ring: Ring, task: p.PrepTask) -> int:
+    """Prepare rows lo..hi of the task's batch; returns how many were kept (skips compact)."""
+    epoch = plan.epoch_of(task.index)
+    items = plan.batch(task.index)[task.lo:task.hi]
+    images, labels, ids = ring.images[task.slot], ring.labels[task.slot], ring.ids[task.slot]
+    row = task.lo
+    for item in items.tolist():
+        try:
+            dataset.prep(dataset.fetch(item), item, epoch, out=images[row])
+        except SampleError:
+            if dataset.on_error != "skip":
+                raise
+            dataset.counters.add(errors_skipped=1)
+            continue
+        labels[row], ids[row] = dataset.manifest.labels[item], item
+        row += 1
+    dataset.counters.add(samples=row - task.lo)
+    return row - task.lo
+
+
+def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: int) -> None:
+    """The body of a prep worker process; never returns."""
+    code = 0
+    try:
+        _die_with_parent(parent)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        dataset.counters = _TaskCounters()
+        reader = p.FrameReader(p.TO_WORKER, p.MAX_REQUEST)
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            for task in reader.feed(data):
+                try:
+                    kept = _prep_rows(dataset, plan, ring, task)
+                    reply: p.Message = p.PrepDone(task.slot, task.index, task.lo, task.hi, kept,
+                                                  dataset.counters.take())
+                except Exception as e:  # noqa: BLE001 (travels to the jobs as data; the worker goes on)
+                    reply = p.PrepFailed(task.slot, task.index, task.lo, task.hi,
+                                         f"{type(e).__name__}: {e}")
+                sock.sendall(reply.encode())
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    except BaseException:
+        log.exception("prep worker %d failed", os.getpid())
+        code = 1
+    finally:
+        os._exit(code)
+
+
+@dataclass
+class _Worker:
+    pid: int
+    sock: socket.socket
+    reader: p.FrameReader
+    tasks: list[p.PrepTask] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    index: int
+    pending: int                     # chunks not yet done
+    kept: dict[int, int] = field(default_factory=dict)  # chunk lo -> rows kept
+    error: str | None = None
+
+
+class WorkerPool:
+    """The daemon's side of the prep workers."""
+
+    def __init__(self, dataset, plan: Plan, ring: Ring, workers: int,
+                 inherited_fds: Callable[[], list[int]]) -> None:
+        self.dataset, self.plan, self.ring, self.size = dataset, plan, ring, workers
+        self.inherited_fds = inherited_fds   # the daemon's descriptors a new worker must close
+        self.workers: dict[int, _Worker] = {}  # by socket fd
+        self.queue: collections.deque[p.PrepTask] = collections.deque()
+        self.batches: dict[int, _Batch] = {}   # by slot
+        self.counters: collections.Counter = collections.Counter()
+        self.deaths = 0
+
+    def start(self) -> None:
+        for _ in range(self.size):
+            self._spawn()
+
+    def _spawn(self) -> _Worker:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            keep = theirs.fileno()
+            for fd in [mine.fileno(), *self.inherited_fds(),
+                       *(w.sock.fileno() for w in self.workers.values())]:
+                if fd != keep:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            worker_main(theirs, self.dataset, self.plan, self.ring, parent)
+        theirs.close()
+        worker = _Worker(pid, mine, p.FrameReader(p.FROM_WORKER, p.MAX_REPLY))
+        self.workers[mine.fileno()] = worker
+        return worker
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers.values()]
+
+    def submit(self, slot: int, index: int) -> None:
+        """Queue batch `index` (to be written into `slot`) as one chunk of rows per worker."""
+        rows = self.plan.batch_len(index)
+        step = -(-rows // max(1, self.size))
+        chunks = [(lo, min(lo + step, rows)) for lo in range(0, rows, step)]
+        self.batches[slot] = _Batch(index, len(chunks))
+        self.queue.extend(p.PrepTask(slot, index, lo, hi) for lo, hi in chunks)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        while self.queue:
+            worker = min(self.workers.values(), key=lambda w: len(w.tasks), default=None)
+            if worker is None or len(worker.tasks) >= _MAX_IN_FLIGHT:
+                return
+            task = self.queue.popleft()
+            worker.tasks.append(task)
+            try:
+                worker.sock.sendall(task.encode())
+            except OSError:
+                pass  # it died; on_readable sees EOF and fails its tasks
+
+    def on_readable(self, fd: int) -> list[tuple[int, int | None, str | None]]:
+        """Read one worker's results: [(slot, rows, None) | (slot, None, error)] of finished batches."""
+        worker = self.workers[fd]
+        try:
+            data = worker.sock.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            return self._died(worker)
+        done = []
+        for msg in worker.reader.feed(data):
+            worker.tasks = [t for t in worker.tasks if (t.slot, t.lo) != (msg.slot, msg.lo)]
+            if isinstance(msg, p.PrepDone):
+                self.counters.update(msg.counters)
+                finished = self._chunk_done(msg.slot, msg.lo, msg.kept, None)
+            else:
+                finished = self._chunk_done(msg.slot, msg.lo, 0, msg.error)
+            if finished is not None:
+                done.append(finished)
+        self.dispatch()
+        return done
+
+    def _chunk_done(self, slot: int, lo: int, kept: int, error: str | None):
+        batch = self.batches[slot]
+        batch.kept[lo] = kept
+        if error is not None and batch.error is None:
+            batch.error = error
+        batch.pending -= 1
+        if batch.pending:
+            return None
+        del self.batches[slot]
+        if batch.error is not None:
+            return slot, None, batch.error
+        return slot, self._compact(slot, batch), None
+
+    def _compact(self, slot: int, batch: _Batch) -> int:
+        """Close the gaps that skipped samples left between chunks; the valid row count."""
+        row = 0
+        for lo in sorted(batch.kept):
+            kept = batch.kept[lo]
+            if row != lo and kept:
+                for arr in (self.ring.images, self.ring.labels, self.ring.ids):
+                    arr[slot, row:row + kept] = arr[slot, lo:lo + kept]
+            row += kept
+        return row
+
+    def _died(self, worker: _Worker) -> list[tuple[int, int | None, str | None]]:
+        del self.workers[worker.sock.fileno()]
+        worker.sock.close()
+        status = _reap(worker.pid, wait=1.0)
+        self.deaths += 1
+        reason = (f"prep worker {worker.pid} died ({status}) while preparing this batch; a new "
+                  "worker replaced it: see the daemon's log")
+        log.error("prep worker %d died (%s); starting a new one", worker.pid, status)
+        done = []
+        for task in worker.tasks:
+            finished = self._chunk_done(task.slot, task.lo, 0, reason)
+            if finished is not None:
+                done.append(finished)
+        self._spawn()
+        self.dispatch()
+        return done
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Close every worker's socket (they exit on EOF), reap them, SIGKILL the slow ones."""
+        workers = list(self.workers.values())
+        self.workers.clear()
+        for w in workers:
+            w.sock.close()
+        deadline = time.monotonic() + grace
+        for w in workers:
+            _reap(w.pid, wait=max(0.0, deadline - time.monotonic()))
+
+
+def _reap(pid: int, wait: float) -> str:
+    """Wait up to `wait` s for child `pid`, then SIGKILL it; how it ended, in words."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return "already reaped"
+        if done:
+            if os.WIFSIGNALED(status):
+                return f"signal {signal.Signals(os.WTERMSIG(status)).name}"
+            return f"exit code {os.waitstatus_to_exitcode(status)}"
+        if time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "killed after the grace period"
+        time.sleep(0.01)

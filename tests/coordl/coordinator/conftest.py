@@ -1,0 +1,145 @@
+"""Real coordinator daemons (`coordl serve` processes) and real job processes for the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from coordl.coordinator import client, segments
+
+COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job_main.py")
+
+
+class Served:
+    """One `coordl serve` process started by the `serve` fixture."""
+
+    def __init__(self, proc: subprocess.Popen, socket: str, log: str) -> None:
+        self.proc, self.socket, self.log = proc, socket, log
+        self.address = "unix://" + socket
+        st = self.status()
+        self.pid, self.ring, self.workers = st["pid"], st["ring"], st["workers"]
+        self.prefix = segments.daemon_prefix(self.pid)
+
+    def status(self) -> dict:
+        return client.status(self.socket)
+
+    def segments_left(self) -> list[str]:
+        return [n for n in os.listdir(segments.SHM_DIR) if n.startswith(self.prefix)]
+
+    def wait(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def log_text(self) -> str:
+        with open(self.log) as f:
+            return f.read()
+
+
+@pytest.fixture
+def sockdir():
+    """A short private folder for sockets (AF_UNIX paths are limited to 107 bytes)."""
+    path = tempfile.mkdtemp(prefix="cdl-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def serve(sockdir):
+    """serve(root, batch_size=4, size=32, **options) -> Served; every daemon is stopped after the test."""
+    started: list[Served] = []
+
+    def start(root: str, batch_size: int = 4, size: int = 32, name: str = "s.sock", **options) -> Served:
+        sock = os.path.join(sockdir, name)
+        log = os.path.join(sockdir, name + ".err")
+        argv = [COORDL, "serve", "--data", root, "--batch-size", str(batch_size), "--size", str(size),
+                "--socket", sock, "--workers", str(options.pop("workers", 2))]
+        for key, value in options.items():
+            flag = f"--{key.replace('_', '-')}"
+            argv += [flag] if value is True else [flag, str(value)]
+        with open(log, "w") as err:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline() if ready else ""
+        if "listening" not in line:
+            proc.kill()
+            proc.wait()
+            with open(log) as f:
+                pytest.fail(f"coordl serve did not start: {line!r}\n{f.read()}")
+        served = Served(proc, sock, log)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        if served.proc.poll() is None:
+            served.stop()
+        served.proc.stdout.close()
+
+
+class Job:
+    """One job process (job_main.py) attached to a daemon."""
+
+    def __init__(self, root: str, served: Served, out: str, **args) -> None:
+        self.out = out
+        spec = {"root": root, "socket": served.socket, "batch_size": 4, "size": 32, "epochs": 2,
+                "sleep": 0.0, "out": out, **args}
+        self.proc = subprocess.Popen([sys.executable, JOB, json.dumps(spec)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        """Read the job's output until a line equal to `text` (or fail)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if ready:
+                line = self.proc.stdout.readline()
+                if line.strip() == text:
+                    return
+                if not line:
+                    break
+        pytest.fail(f"job never printed {text!r}; stderr: {self.proc.stderr.read()}")
+
+    def result(self, timeout: float = 120.0) -> dict:
+        self.proc.wait(timeout)
+        self.proc.stdout.close()
+        err = self.proc.stderr.read()
+        self.proc.stderr.close()
+        try:
+            with open(self.out) as f:
+                return {**json.load(f), "returncode": self.proc.returncode}
+        except FileNotFoundError:
+            pytest.fail(f"job wrote no result (exit {self.proc.returncode}): {err}")
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    """jobs(root, served, **args) -> Job; each is reaped (killed if needed) after the test."""
+    started: list[Job] = []
+
+    def start(root: str, served: Served, **args) -> Job:
+        job = Job(root, served, str(tmp_path / f"job{len(started)}.json"), **args)
+        started.append(job)
+        return job
+
+    yield start
+    for job in started:
+        if job.proc.poll() is None:
+            job.proc.kill()
+        job.proc.wait()
+        for stream in (job.proc.stdout, job.proc.stderr):
+            if not stream.closed:
+                stream.close()

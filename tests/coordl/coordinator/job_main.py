@@ -1,0 +1,50 @@
+"""A training job for the coordinator tests, run as its own process.
+
+    python job_main.py '{"root": ..., "socket": ..., "batch_size": 4, "size": 32,
+                         "epochs": 2, "sleep": 0.0, "out": "result.json"}'
+
+Prints "attached" once attached and "batch <epoch> <k>" after each batch
+(flushed, so a test can act at a known point), then writes `out`: per epoch
+the sample ids and a checksum of each batch's pixels, the daemon's status at
+the end, or the error that stopped it and when.
+"""
+
+import json
+import sys
+import time
+
+import coordl
+
+
+def main() -> int:
+    args = json.loads(sys.argv[1])
+    result: dict = {"epochs": [], "error": None}
+    code = 0
+    try:
+        ds = coordl.ImageFolder(args["root"], transform="train", size=args["size"])
+        loader = coordl.DataLoader(ds, batch_size=args["batch_size"], shuffle=True,
+                                   coordinator="unix://" + args["socket"])
+        result["start_epoch"] = loader.coordinator.welcome.start_epoch
+        result["batches_per_epoch"] = len(loader)
+        print("attached", flush=True)
+        for _ in range(args["epochs"]):
+            ids, sums = [], []
+            for k, batch in enumerate(loader):
+                images, labels = batch
+                ids += batch.indices.tolist()
+                sums.append(int(images.sum()) + 7 * int(labels.sum()))
+                print(f"batch {loader.epoch} {k}", flush=True)
+                time.sleep(args.get("sleep", 0.0))
+            result["epochs"].append({"epoch": loader.epoch, "ids": ids, "sums": sums})
+        result["status"] = loader.coordinator.status()
+    except coordl.CoordlError as e:
+        result["error"], result["error_type"] = str(e), type(e).__name__
+        result["error_at"] = time.time()
+        code = 3
+    with open(args["out"], "w") as f:
+        json.dump(result, f)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

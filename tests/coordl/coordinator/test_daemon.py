@@ -1,0 +1,156 @@
+"""The coordinator with real daemon processes and real job processes: sharing and faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import psutil
+
+from coordl.coordinator import segments
+
+COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
+N = 40  # items in tiny_root
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _whole_epochs(result: dict, epochs: int) -> list[list[int]]:
+    assert result["error"] is None, result["error"]
+    assert [e["epoch"] for e in result["epochs"]] == list(range(result["start_epoch"],
+                                                                result["start_epoch"] + epochs))
+    orders = [e["ids"] for e in result["epochs"]]
+    for ids in orders:
+        assert sorted(ids) == list(range(N))  # every item exactly once
+    return orders
+
+
+def test_three_jobs_share_every_batch_and_decode_once(tiny_root, serve, jobs):
+    served = serve(tiny_root, epochs=2, min_jobs=3)
+    running = [jobs(tiny_root, served) for _ in range(3)]
+    results = [j.result() for j in running]
+    orders = [_whole_epochs(r, 2) for r in results]
+    assert orders[0] == orders[1] == orders[2]           # same order in every job
+    assert orders[0][0] != orders[0][1]                    # a new permutation each epoch
+    assert results[0]["epochs"] == results[1]["epochs"] == results[2]["epochs"]  # same pixels
+    decodes = [r["status"]["decodes"] for r in results]
+    assert max(decodes) == 2 * N                           # N per epoch in all, not 3N
+    assert served.wait() == 0                              # --epochs 2: it exits by itself
+    assert served.segments_left() == []
+    assert alive(served.workers) == []
+
+
+def test_sigkill_of_one_job_leaves_the_others_running(tiny_root, serve, jobs):
+    served = serve(tiny_root, epochs=2, min_jobs=3, slots=3)
+    running = [jobs(tiny_root, served, sleep=0.05) for _ in range(3)]
+    running[1].wait_for("batch 0 3")
+    running[1].proc.kill()
+    survivors = [running[0].result(), running[2].result()]
+    assert _whole_epochs(survivors[0], 2) == _whole_epochs(survivors[1], 2)
+    assert running[1].proc.wait() == -signal.SIGKILL
+    assert "detached: its socket closed" in served.log_text()
+    assert served.wait() == 0
+    assert served.segments_left() == []
+    assert not os.path.exists(served.socket)
+    assert alive(served.workers) == []
+
+
+def test_sigkill_of_the_daemon_makes_jobs_raise_promptly(tiny_root, serve, jobs):
+    served = serve(tiny_root, slots=3)
+    running = [jobs(tiny_root, served, epochs=1000, sleep=0.02) for _ in range(2)]
+    for job in running:
+        job.wait_for("batch 0 2")
+    killed_at = time.time()
+    served.proc.kill()
+    served.proc.wait()
+    for job in running:
+        result = job.result(timeout=20)
+        assert result["returncode"] == 3
+        assert result["error_type"] == "CoordinatorError"
+        assert "went away" in result["error"]
+        assert result["error_at"] - killed_at < 5.0
+    deadline = time.monotonic() + 5
+    while alive(served.workers) and time.monotonic() < deadline:  # PR_SET_PDEATHSIG
+        time.sleep(0.05)
+    assert alive(served.workers) == []
+    assert served.segments_left()  # a SIGKILLed daemon cannot clean up ...
+    out = subprocess.run([COORDL, "cleanup"], capture_output=True, text=True, check=True).stdout
+    assert served.segments_left() == []  # ... `coordl cleanup` does
+    assert os.path.basename(served.ring) in out
+    assert not os.path.exists(served.socket)
+
+
+def test_sigterm_shuts_down_cleanly_and_tells_the_jobs(tiny_root, serve, jobs):
+    served = serve(tiny_root, slots=3)
+    job = jobs(tiny_root, served, epochs=1000, sleep=0.02)
+    job.wait_for("batch 0 1")
+    assert served.stop(signal.SIGTERM) == 0
+    result = job.result(timeout=20)
+    assert result["error_type"] == "CoordinatorError"
+    assert "shutting down" in result["error"] and "SIGTERM" in result["error"]
+    assert served.segments_left() == []
+    assert not os.path.exists(served.socket)
+    assert alive(served.workers) == []
+
+
+def test_socket_segment_and_folder_are_private(tiny_root, serve):
+    served = serve(tiny_root)
+    assert stat.S_IMODE(os.stat(served.socket).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(served.ring).st_mode) == 0o600
+    assert os.path.basename(served.ring).startswith(served.prefix)
+    assert served.stop() == 0
+
+
+def test_a_second_daemon_on_the_same_socket_is_refused(tiny_root, serve, sockdir):
+    served = serve(tiny_root)
+    second = subprocess.run([COORDL, "serve", "--data", tiny_root, "--batch-size", "4",
+                             "--socket", served.socket], capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2
+    assert "already listens" in second.stderr
+    assert served.status()["pid"] == served.pid
+
+
+def test_status_command_shows_jobs_ring_and_rate(tiny_root, serve, jobs):
+    served = serve(tiny_root, slots=3)
+    job = jobs(tiny_root, served, epochs=1000, sleep=0.05)
+    job.wait_for("batch 0 2")
+    out = subprocess.run([COORDL, "status", "--socket", served.socket], capture_output=True,
+                         text=True, check=True).stdout
+    assert f"coordinator pid {served.pid}" in out
+    assert "ring       3 slots" in out and "images/s" in out
+    assert re.search(r"job 1 +pid \d+ +epoch \d+ batch \d+/10, holds", out), out
+    job.proc.kill()
+
+
+def test_detach_runs_in_the_background(tiny_root, sockdir):
+    sock = os.path.join(sockdir, "bg.sock")
+    out = subprocess.run([COORDL, "serve", "--data", tiny_root, "--batch-size", "4", "--size", "32",
+                          "--socket", sock, "--workers", "1", "--detach"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "listening on unix://" + sock in out.stdout
+    st = subprocess.run([COORDL, "status", "--socket", sock, "--json"], capture_output=True, text=True,
+                        check=True).stdout
+    status = json.loads(st)
+    os.kill(status["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while alive([status["pid"], *status["workers"]]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive([status["pid"], *status["workers"]]) == []
+    assert not [n for n in os.listdir(segments.SHM_DIR) if n.startswith(f"coordl-serve-{status['pid']}-")]
+    assert "shutting down: received SIGTERM" in open(sock + ".log").read()

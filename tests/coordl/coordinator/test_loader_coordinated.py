@@ -1,0 +1,241 @@
+"""coordl.DataLoader(coordinator=...) in this process against a real daemon process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import time
+import warnings
+
+import msgpack
+import pytest
+import torch
+
+import coordl
+from coordl.coordinator import protocol as p
+from coordl.coordinator.client import status
+from coordl.coordinator.plan import Plan
+
+
+def _loader(root, served, batch_size=4, size=32, transform="train", **kw):
+    ds = coordl.ImageFolder(root, transform=transform, size=size)
+    kw.setdefault("shuffle", True)
+    kw.setdefault("timeout", 60)  # a hang fails the test instead of waiting for ever
+    return coordl.DataLoader(ds, batch_size=batch_size, coordinator=served.address, **kw)
+
+
+def test_batches_are_the_plan_with_the_local_pixels(tiny_root, serve):
+    served = serve(tiny_root, seed=5)
+    loader = _loader(tiny_root, served)
+    assert len(loader) == 10 and isinstance(loader, torch.utils.data.DataLoader)
+    ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=5)
+    plan = Plan(40, 4, seed=5)
+    for epoch in range(2):
+        seen = 0
+        for k, batch in enumerate(loader):
+            images, labels = batch
+            assert loader.epoch == batch.epoch == epoch
+            assert images.shape == (4, 3, 32, 32) and images.dtype == torch.uint8
+            assert images.is_contiguous(memory_format=torch.channels_last)
+            assert batch.indices.tolist() == plan.batch(epoch * 10 + k).tolist()
+            for row, item in enumerate(batch.indices.tolist()):
+                local, label = ds.prep(ds.fetch(item), item, epoch)
+                assert torch.equal(images[row], local)  # same augmentation as a local loader
+                assert labels[row] == label
+            seen += 1
+        assert seen == 10
+    loader.coordinator.close()
+
+
+def test_pin_memory_gives_batches_of_their_own(tiny_root, serve):
+    served = serve(tiny_root)
+    views, copies = _loader(tiny_root, served), _loader(tiny_root, served, pin_memory=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # no accelerator here
+        kept = []
+        for (a, ya), (b, yb) in zip(views, copies):
+            assert torch.equal(a, b) and torch.equal(ya, yb)
+            assert b.is_contiguous(memory_format=torch.channels_last)
+            kept.append((b, b.clone()))
+    for b, snapshot in kept:  # the copies outlive their slots unchanged
+        assert torch.equal(b, snapshot)
+    views.coordinator.close()
+    copies.coordinator.close()
+
+
+def test_drop_last_and_len(tiny_root, serve):
+    served = serve(tiny_root, batch_size=6, drop_last=True)
+    loader = _loader(tiny_root, served, batch_size=6, drop_last=True)
+    assert len(loader) == 6
+    sizes = [x.shape[0] for x, _ in loader]
+    assert sizes == [6] * 6
+    served2 = serve(tiny_root, batch_size=6, name="keep.sock")
+    loader2 = _loader(tiny_root, served2, batch_size=6)
+    assert len(loader2) == 7 and [x.shape[0] for x, _ in loader2][-1] == 4
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(batch_size=8), ["batch_size=8 (job)", "batch_size=4", "--batch-size"]),
+    (dict(size=48), ["size=48 (job)", "size=32", "--size"]),
+    (dict(transform="val"), ["transform='val' (job)", "transform='train'", "--transform"]),
+    (dict(shuffle=False), ["shuffle=False (job)", "shuffle=True"]),
+])
+def test_mismatch_is_refused_naming_it(tiny_root, serve, change, words):
+    served = serve(tiny_root)
+    with pytest.raises(coordl.CoordinatorError) as err:
+        _loader(tiny_root, served, **change)
+    for word in words:
+        assert word in str(err.value)
+    assert status(served.socket)["jobs"] == []
+
+
+def test_another_dataset_is_refused_by_fingerprint(tiny_root, photo_root, serve, tmp_path):
+    served = serve(tiny_root)
+    with pytest.raises(coordl.CoordinatorError, match="dataset fingerprint .* != .*same dataset folder"):
+        _loader(photo_root, served)
+    copy = str(tmp_path / "copy")
+    shutil.copytree(tiny_root, copy)
+    os.utime(os.path.join(copy, sorted(os.listdir(copy))[0]))
+    first = os.path.join(copy, sorted(os.listdir(copy))[0])
+    with open(os.path.join(first, sorted(os.listdir(first))[0]), "ab") as f:
+        f.write(b"\0")  # one file changed: a different dataset
+    with pytest.raises(coordl.CoordinatorError, match="fingerprint"):
+        _loader(copy, served)
+
+
+def test_no_daemon_and_bad_arguments(tiny_root, sockdir):
+    with pytest.raises(coordl.CoordinatorError, match="no coordinator listens on .*coordl serve"):
+        _loader(tiny_root, type("S", (), {"address": f"unix://{sockdir}/none.sock"}))
+    with pytest.raises(coordl.ConfigError, match="sampler"):
+        coordl.DataLoader(coordl.ImageFolder(tiny_root), batch_size=4, sampler=range(40),
+                          coordinator=f"unix://{sockdir}/none.sock")
+    with pytest.raises(coordl.ConfigError, match="only unix://"):
+        coordl.DataLoader(coordl.ImageFolder(tiny_root), batch_size=4, coordinator="tcp://x:1")
+    with pytest.raises(coordl.ConfigError, match="transform"):
+        coordl.DataLoader(coordl.ImageFolder(tiny_root, transform=None), batch_size=4,
+                          coordinator=f"unix://{sockdir}/none.sock")
+
+
+def test_straggler_is_detached_and_told_so(tiny_root, serve):
+    served = serve(tiny_root, slots=2, straggler_timeout=1)
+    slow, fast = _loader(tiny_root, served), _loader(tiny_root, served)
+    slow_epoch = iter(slow)
+    next(slow_epoch)  # holds its batch and the ring, then stalls
+    t0 = time.monotonic()
+    assert len([x for x, _ in fast]) == 10  # blocked until the straggler is detached
+    assert 0.9 < time.monotonic() - t0 < 10
+    with pytest.raises(coordl.CoordinatorError, match="straggler.*--straggler-timeout 1 s"):
+        next(slow_epoch)
+    with pytest.raises(coordl.CoordinatorError, match="straggler"):
+        iter(slow)  # and every later call
+    assert len(status(served.socket)["jobs"]) == 1
+    assert len([x for x, _ in fast]) == 10  # the others go on
+
+
+def test_late_joiner_starts_at_the_next_epoch(tiny_root, serve):
+    served = serve(tiny_root, slots=3)
+    first = _loader(tiny_root, served)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    late = _loader(tiny_root, served)
+    assert late.coordinator.welcome.start_epoch == 1
+    assert len(list(it)) == 6  # the first job's epoch 0 goes on without waiting for it
+    a, b = iter(first), iter(late)
+    assert first.epoch == late.epoch == 1
+    ids_a, ids_b = [], []
+    for (batch_a, batch_b) in zip(a, b):
+        ids_a += batch_a.indices.tolist()
+        ids_b += batch_b.indices.tolist()
+        assert torch.equal(batch_a[0], batch_b[0])
+    assert ids_a == ids_b and sorted(ids_a) == list(range(40))
+
+
+def test_leaving_an_epoch_early_gives_up_its_rest(tiny_root, serve):
+    served = serve(tiny_root, slots=3)
+    loader, other = _loader(tiny_root, served), _loader(tiny_root, served)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    it = iter(loader)  # on to epoch 1: the rest of epoch 0 is released at once
+    assert loader.epoch == 1
+    other_ids = [i for b in other for i in b.indices.tolist()]  # not blocked by the quitter
+    assert other.epoch == 0 and sorted(other_ids) == list(range(40))
+    other.coordinator.close()
+    ids = [i for b in it for i in b.indices.tolist()]
+    assert sorted(ids) == list(range(40))
+
+
+def test_epochs_run_out(tiny_root, serve):
+    served = serve(tiny_root, epochs=1)
+    loader = _loader(tiny_root, served)
+    assert len(list(loader)) == 10
+    with pytest.raises(coordl.CoordinatorError, match="all 1 epochs the daemon serves"):
+        iter(loader)
+    assert served.wait() == 0  # nobody attached, nothing left to serve
+
+
+def test_daemon_refuses_garbage_and_keeps_serving(tiny_root, serve):
+    served = serve(tiny_root)
+
+    def exchange(payload: bytes) -> bytes:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(served.socket)
+            s.sendall(payload)
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+    def frame(obj) -> bytes:
+        body = msgpack.packb(obj)
+        return struct.pack(">I", len(body)) + body
+
+    for payload, reason in [
+        (struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1", b"not valid msgpack"),
+        (struct.pack(">I", 2**31), b"over the limit"),
+        (frame([1, 2, 3]), b"not a map"),
+        (frame({"type": "__reduce__"}), b"is not one of"),
+        (frame({"type": "release", "index": "7"}), b"is not <class 'int'>"),
+        (frame({"type": "next"}), b"before 'hello'"),
+        (frame({"type": "hello", "version": 1}), b"expected"),
+    ]:
+        reply = exchange(payload)
+        msg = p.FrameReader(p.TO_JOB, p.MAX_REPLY).feed(reply)
+        assert isinstance(msg[0], p.Refused) and reason.decode() in msg[0].reason
+    pickled = b"\x80\x04\x95" + os.urandom(64)  # a pickle is not a frame either
+    exchange(struct.pack(">I", len(pickled)) + pickled)
+    assert status(served.socket)["pid"] == served.pid  # still serving
+    assert len([x for x, _ in _loader(tiny_root, served)]) == 10
+
+
+def test_a_bad_image_fails_its_batch_in_the_jobs_or_is_skipped(tiny_root, serve, tmp_path):
+    root = str(tmp_path / "bad")
+    shutil.copytree(tiny_root, root)
+    cls = os.path.join(root, sorted(os.listdir(root))[0])
+    broken = os.path.join(cls, sorted(os.listdir(cls))[0])
+    with open(broken, "wb") as f:
+        f.write(b"not a jpeg at all")
+    served = serve(root, batch_size=8)
+    loader = _loader(root, served, batch_size=8)
+    got, errors = 0, []
+    it = iter(loader)
+    while True:
+        try:
+            got += next(it)[0].shape[0]
+        except StopIteration:
+            break
+        except coordl.SampleError as e:
+            errors.append(str(e))
+    assert len(errors) == 1 and os.path.basename(broken) in errors[0] and got == 32
+    skipping = serve(root, batch_size=8, on_error="skip", name="skip.sock")
+    loader = _loader(root, skipping, batch_size=8)
+    rows, ids = 0, []
+    for batch in loader:  # a batch's views are valid until the next one is asked for
+        rows += batch[0].shape[0]
+        ids += batch.indices.tolist()
+    assert rows == 39 and sorted(ids) == [i for i in range(40) if i != 0]
+    assert status(skipping.socket)["counters"]["errors_skipped"] == 1

@@ -1,0 +1,66 @@
+"""protocol.py: frames round-trip; anything else is a ProtocolError, never a crash or an unpickle."""
+
+import os
+import pickle
+import random
+import struct
+
+import msgpack
+import pytest
+
+from coordl.coordinator import protocol as p
+
+
+def test_every_message_round_trips():
+    msgs = [p.Hello(1, "ab" * 32, "/data", 10, "train", 224, 64, True, False, 42), p.Begin(), p.Next(),
+            p.Release(7), p.Bye(), p.Status()]
+    reader = p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST)
+    wire = b"".join(m.encode() for m in msgs)
+    out = []
+    for i in range(0, len(wire), 3):  # frames split anywhere
+        out += reader.feed(wire[i:i + 3])
+    assert out == msgs
+    replies = [p.Welcome(1, 2, "/dev/shm/x", 8, 64, 224, 10, None, 0, 0), p.Ready(3, 0, 1, 64),
+               p.EndOfEpoch(0), p.BatchFailed(3, "bad.jpg"), p.Detached("x"), p.ShuttingDown("y"),
+               p.StatusReply({"jobs": [{"job": 1}]}), p.Refused("no"), p.EpochStart(1, 10)]
+    assert p.FrameReader(p.TO_JOB, p.MAX_REPLY).feed(b"".join(m.encode() for m in replies)) == replies
+
+
+def test_direction_is_enforced():
+    with pytest.raises(p.ProtocolError, match="not one of"):
+        p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST).feed(p.Ready(1, 0, 0, 1).encode())
+
+
+@pytest.mark.parametrize("obj, match", [
+    ({"type": "release"}, "has fields"),
+    ({"type": "release", "index": 1, "x": 2}, "has fields"),
+    ({"type": "release", "index": "1"}, "is not"),
+    ({"type": "release", "index": True}, "is not"),
+    ({"type": "release", "index": 1.5}, "is not"),
+    ({"type": "release", "index": 2**64 - 1}, "is not"),
+    ({"type": 5}, "not one of"),
+    ([1, 2], "not a map"),
+    ("hello", "not a map"),
+])
+def test_invalid_messages(obj, match):
+    body = msgpack.packb(obj)
+    with pytest.raises(p.ProtocolError, match=match):
+        p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST).feed(struct.pack(">I", len(body)) + body)
+
+
+def test_oversized_frame_is_refused_before_it_is_read():
+    with pytest.raises(p.ProtocolError, match="over the limit"):
+        p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST).feed(struct.pack(">I", p.MAX_REQUEST + 1))
+
+
+def test_random_bytes_and_pickles_only_raise_protocol_errors():
+    rng = random.Random(0)
+    for _ in range(3000):
+        body = os.urandom(rng.randint(0, 64))
+        try:
+            p.decode(body, p.TO_DAEMON)
+        except p.ProtocolError:
+            pass
+    evil = pickle.dumps(p.Bye())
+    with pytest.raises(p.ProtocolError):
+        p.decode(evil, p.TO_DAEMON)
