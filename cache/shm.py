@@ -26,7 +26,7 @@ import fcntl
 import os
 import struct
 
-from coordl.errors import CacheError
+from coordl.errors import CacheError, ConfigError
 
 PREFIX = "coordl-cache-"
 DEFAULT_DIR = "/dev/shm"
@@ -39,7 +39,7 @@ def segment_name(fingerprint: str, name: str | None = None) -> str:
     if name is None:
         return PREFIX + fingerprint[:16]
     if not name or "/" in name or name.startswith(".") or _TMP in name:
-        raise CacheError(f"name={name!r} is not a usable segment name: use letters, digits, '-' and '_'")
+        raise ConfigError(f"name={name!r} is not a usable segment name: use letters, digits, '-' and '_'")
     return name if name.startswith(PREFIX) else PREFIX + name
 
 

@@ -271,3 +271,9 @@ def test_a_foreign_file_under_the_segment_name_is_refused_without_leaking(tmp_pa
             MinIOCache(4096, directory=str(tmp_path)).open(fp, 4)
     assert len(os.listdir("/proc/self/fd")) == fds
     assert junk.read_bytes() == b"not a segment" * 1000
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", ".hidden", "x.tmp-12"])
+def test_unusable_names_are_refused(bad):
+    with pytest.raises(ConfigError, match="name="):
+        MinIOCache(4096, name=bad).open(secrets.token_hex(32), 4)
