@@ -229,22 +229,28 @@ class Client:
                 f"process {os.getpid()} (a fork) cannot share it: create the DataLoader in the "
                 "process that iterates it")
 
-    def _call(self, msg: p.Message, timeout: float | None, waiting_for: str) -> p.Message:
+    def _send(self, msgs: list[p.Message]) -> None:
         self._check_pid()
-        out = [msg]
-        if self._held is not None:
-            out.insert(0, p.Release(self._held))
+        if self._held is not None:  # the user is done with the batch handed out last
+            msgs.insert(0, p.Release(self._held))
             self._held = None
-        self.channel.send(*out)
-        reply = self.channel.recv(timeout, waiting_for)
-        if isinstance(reply, p.Refused):
-            self.channel._close(reply.reason)
-            raise CoordinatorError(f"the coordinator refused: {reply.reason}")
-        return reply
+        if msgs:
+            self.channel.send(*msgs)
+
+    def _reply(self, timeout: float | None, waiting_for: str, stale: tuple[type, ...] = ()) -> p.Message:
+        """The next reply that is not of a `stale` kind; a refusal raises (and detaches)."""
+        while True:
+            reply = self.channel.recv(timeout, waiting_for)
+            if isinstance(reply, p.Refused):
+                self.channel._close(reply.reason)
+                raise CoordinatorError(f"the coordinator refused: {reply.reason}")
+            if not isinstance(reply, stale):
+                return reply
 
     def _batch(self, ready: p.Ready, pin_memory: bool) -> CoordinatedBatch:
         slot, n = ready.slot, ready.n
         if int(self.ring.table[slot, INDEX]) != ready.index:
+            self.channel._read_leftovers()  # detached or shut down since: raises saying so
             raise CoordinatorError(f"slot {slot} holds batch {int(self.ring.table[slot, INDEX])}, "
                                    f"not {ready.index}: the ring is corrupt (please report this)")
         images = self._images[slot][:n]
@@ -252,30 +258,39 @@ class Client:
         if pin_memory:
             images = _copy_out(images)
             labels, ids = labels.clone(), ids.clone()
-            self.channel.send(p.Release(ready.index))
-        else:
-            self._held = ready.index
         return CoordinatedBatch(images.permute(0, 3, 1, 2), labels, ids, ready.epoch, ready.index)
 
     def status(self) -> dict:
-        """The daemon's status (see `coordl status`)."""
-        return self._call(p.Status(), _HELLO_TIMEOUT, "its status").status
+        """The daemon's status (see `coordl status`), over a connection of its own."""
+        return status(self.path)
 
     def close(self) -> None:
-        """Detach now (the slot of the last batch is released)."""
+        """Detach now (every slot this job holds is released)."""
         self._finalizer()
 
 
 class EpochIterator:
-    """One epoch of batches from the daemon."""
+    """One epoch of batches from the daemon.
+
+    One Next is always sent ahead: when a batch is handed out, the request for
+    the following one goes with the Release of the previous one, so the reply
+    is usually waiting in the socket when the training loop asks for it and
+    the loop does not wait for the daemon to be scheduled. A job so holds at
+    most two slots: the batch in use and the one asked for.
+    """
 
     def __init__(self, client: Client, pin_memory: bool) -> None:
         self.client, self.pin_memory = client, pin_memory
-        reply = client._call(p.Begin(), _HELLO_TIMEOUT, "the start of an epoch")
+        client._send([p.Begin()])
+        # An earlier iterator's Next sent ahead may still be answered: those replies come before
+        # EpochStart and are stale (the daemon released what they hold when this epoch began).
+        reply = client._reply(_HELLO_TIMEOUT, "the start of an epoch",
+                              stale=(p.Ready, p.EndOfEpoch, p.BatchFailed))
         if not isinstance(reply, p.EpochStart):
             raise CoordinatorError(f"the coordinator answered begin with {reply.TYPE!r}")
         self.epoch, self.batches = reply.epoch, reply.batches
         self.done = False
+        self._asked = False  # a Next is on its way
 
     def __iter__(self) -> EpochIterator:
         return self
@@ -286,16 +301,32 @@ class EpochIterator:
     def __next__(self) -> CoordinatedBatch:
         if self.done:
             raise StopIteration
-        reply = self.client._call(p.Next(), self.client.timeout, f"a batch of epoch {self.epoch}")
+        client = self.client
+        if not self._asked:
+            client._send([p.Next()])
+        reply = client._reply(client.timeout, f"a batch of epoch {self.epoch}")
+        self._asked = False
         if isinstance(reply, p.EndOfEpoch):
             self.done = True
+            client._send([])
             raise StopIteration
         if isinstance(reply, p.BatchFailed):
+            client._send([p.Next()])
+            self._asked = True
             raise SampleError(f"batch {reply.index} of epoch {self.epoch} could not be prepared by "
                               f"the coordinator: {reply.error}")
         if not isinstance(reply, p.Ready):
             raise CoordinatorError(f"the coordinator answered next with {reply.TYPE!r}")
-        return self.client._batch(reply, self.pin_memory)
+        batch = client._batch(reply, self.pin_memory)
+        if self.pin_memory:
+            msgs = [p.Release(reply.index), p.Next()]  # copied out: the slot goes back at once
+        else:
+            msgs = [p.Next()]
+        client._send(msgs)  # also releases the batch handed out before this one
+        if not self.pin_memory:
+            client._held = reply.index
+        self._asked = True
+        return batch
 
 
 _warned_no_pin = False

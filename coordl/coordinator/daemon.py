@@ -72,6 +72,7 @@ class _Conn:
     out: bytearray = field(default_factory=bytearray)
     job: int | None = None
     closing: bool = False
+    writing: bool = False    # registered for EVENT_WRITE (replies wait in `out`)
 
 
 class Daemon:
@@ -205,6 +206,8 @@ class Daemon:
         if self.ring is not None:
             self.ring.unlink()
             self.ring.close()
+        if self.dataset.cache is not None:
+            self.dataset.cache.close()  # detach; the cache stays on the node for the next daemon
         self.sel.close()
 
     # -- the loop --
@@ -415,9 +418,10 @@ class Daemon:
         if len(conn.out) > _MAX_OUTBUF:
             self._close(conn, "it does not read its replies")
             return
-        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
-        if self.sel.get_key(conn.sock).events != want:
-            self.sel.modify(conn.sock, want, self._on_conn)
+        if bool(conn.out) != conn.writing:  # wait for room to write only while something is left
+            conn.writing = bool(conn.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.writing else 0)
+            self.sel.modify(conn.sock, events, self._on_conn)
 
     def _close(self, conn: _Conn, reason: str | None) -> None:
         fd = conn.sock.fileno()
@@ -457,6 +461,7 @@ class Daemon:
             "images_per_s": round((n1 - n0) / (t1 - t0), 1) if t1 > t0 else 0.0,
             "uptime_s": round(now - self.started_at, 1), "detached": self.detached,
             "straggler_timeout": self.config.straggler_timeout,
+            "cache": self.dataset.cache.stats() if self.dataset.cache is not None else None,
             "jobs": [self.scheduler.job_status(j, now) for j in self.scheduler.jobs.values()],
         }
 

@@ -25,7 +25,7 @@ import socket
 import struct
 import types
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import msgpack
@@ -47,7 +47,7 @@ class Message:
     TYPE: ClassVar[str] = ""
 
     def encode(self) -> bytes:
-        body = msgpack.packb({"type": self.TYPE, **asdict(self)}, use_bin_type=True)
+        body = msgpack.packb({"type": self.TYPE, **self.__dict__}, use_bin_type=True)
         return HEADER.pack(len(body)) + body
 
 

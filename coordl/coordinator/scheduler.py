@@ -89,6 +89,8 @@ class Scheduler:
             return p.Refused(f"this job has had all {self.plan.epochs} epochs the daemon serves "
                              f"(it started at epoch {job.start_epoch}): iterate fewer epochs, or "
                              "start the daemon with more (coordl serve --epochs)")
+        for index in list(job.holding):  # handed out (a Next sent ahead) and now given up
+            self.release(job.id, index, now)
         self._skip_to(job, self.plan.first_batch(epoch))
         job.epoch, job.epoch_end = epoch, job.cursor + bpe
         return p.EpochStart(epoch, bpe)

@@ -26,7 +26,7 @@ class Served:
     def __init__(self, proc: subprocess.Popen, socket: str, log: str) -> None:
         self.proc, self.socket, self.log = proc, socket, log
         self.address = "unix://" + socket
-        st = self.status()
+        st = self.status_at_start = self.status()
         self.pid, self.ring, self.workers = st["pid"], st["ring"], st["workers"]
         self.prefix = segments.daemon_prefix(self.pid)
 

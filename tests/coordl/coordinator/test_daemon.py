@@ -154,3 +154,20 @@ def test_detach_runs_in_the_background(tiny_root, sockdir):
     assert alive([status["pid"], *status["workers"]]) == []
     assert not [n for n in os.listdir(segments.SHM_DIR) if n.startswith(f"coordl-serve-{status['pid']}-")]
     assert "shutting down: received SIGTERM" in open(sock + ".log").read()
+
+
+def test_cache_serves_every_epoch_after_the_first(tiny_root, serve, jobs):
+    from coordl.cache import admin
+
+    served = serve(tiny_root, epochs=2, cache="64MiB")
+    try:
+        result = jobs(tiny_root, served).result()
+        _whole_epochs(result, 2)
+        counters = result["status"]["counters"]
+        assert counters["storage_reads"] == N and counters["cache_inserts"] == N  # epoch 0
+        assert counters["cache_hits"] == N and counters["decodes"] == 2 * N     # epoch 1: no storage
+        assert result["status"]["cache"]["cache_items"] == N
+        assert served.wait() == 0 and served.segments_left() == []
+    finally:
+        fingerprint = served.status_at_start["fingerprint"]
+        admin.drop(segments.SHM_DIR, fingerprint[:16])
