@@ -13,7 +13,11 @@ it additionally:
 - sums counters over all worker processes: `stats()`;
 - with ``cache="8GiB"`` (or a `coordl.MinIOCache`), serves items through the
   node-wide MinIO cache and reads storage without filling the page cache
-  (``drop_page_cache``, on by default with a cache).
+  (``drop_page_cache``, on by default with a cache);
+- with ``coordinator="unix:///path.sock"``, takes its batches from a
+  `coordl serve` daemon that prepares each batch once for every job on the
+  server (coordinator/client.py): `len`, the epoch loop and the batches are
+  the same, the tensors view shared memory until the next batch is asked for.
 """
 
 from __future__ import annotations

@@ -2,12 +2,14 @@
 
 `coordl.DataLoader(dataset, batch_size=B, shuffle=True, coordinator="unix:///path")`
 holds a `Client`: it attaches to the daemon (Hello/Welcome), maps the ring
-read-only, and each ``iter(loader)`` is one `EpochIterator` (Begin, then Next
-per batch). A batch is handed out as tensors that view the ring slot, with no
-copy: it stays valid until the next batch is requested, when the slot is
-released to the daemon (clone what you keep longer). With ``pin_memory=True``
-the batch is copied once into (pinned) memory of its own and the slot is
-released at once.
+read-only, and each ``iter(loader)`` is one `EpochIterator` (Begin, then a
+Next per batch, one always sent ahead). A batch is handed out as tensors that
+view the ring slot, with no copy: it stays valid until the next batch is
+requested, when the slot is released to the daemon (clone what you keep
+longer; the views are read-only). With ``pin_memory=True`` the batch is
+copied once into (pinned) memory of its own and the slot is released at once.
+A job the daemon detached (straggler, shutdown) may find the slot of the
+batch in its hands reused; its next call raises `CoordinatorError`.
 
 No wait is unbounded without a check: every blocking read polls the socket
 once a second and checks that the daemon process still lives, so a daemon

@@ -93,6 +93,7 @@ def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: in
     code = 0
     try:
         _die_with_parent(parent)
+        signal.set_wakeup_fd(-1)  # the daemon's wake-up socket is not ours (and is closed here)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         dataset.counters = _TaskCounters()
