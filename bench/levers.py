@@ -3,7 +3,9 @@
     .venv/bin/python bench/levers.py /work/bench-data/photo --out bench/results/levers-photo
 
 Variants run on the same files, interleaved round by round (A B C ... x
-`--repeats`), each pinned to one CPU; the median per-image time is reported
+`--repeats`), pinned to one CPU; the median per-image CPU time
+(`time.process_time`, so time lost to other tenants of a shared machine is
+not counted) is reported
 with its ratio to the full decode (the floor). The script runs itself a
 second time with plain Pillow first on sys.path (`--pil-path`) for the rows
 marked "plain Pillow", so both builds are measured in one run.
@@ -71,8 +73,9 @@ def variants(size: int = 224) -> dict:
             left, top, w, h = box
             small = img.resize((size, size), bilinear, box=(left, top, left + w, top + h),
                                reducing_gap=g)
-            px = np.frombuffer(small.tobytes(), np.uint8).reshape(size, size, 3)
-            out[...] = px[:, ::-1] if flip else px
+            if flip:
+                small = small.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            out.reshape(-1)[:] = np.frombuffer(small.tobytes(), np.uint8)
         return run
 
     return {
@@ -105,14 +108,15 @@ def copy_costs(size: int = 224, n: int = 3000) -> dict:
     }
     res = {}
     for name, op in ops.items():
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for _ in range(n):
             op()
-        res[name] = (time.perf_counter() - t0) / n * 1e6
+        res[name] = (time.process_time() - t0) / n * 1e6
     return res
 
 
-def measure(root: str, files: int, repeats: int, cpu_id: int, only: list[str] | None) -> dict:
+def measure(root: str, files: int, repeats: int, cpu_id: int, only: list[str] | None,
+            chunk: int = 25) -> dict:
     from coordl.manifest import scan
 
     os.sched_setaffinity(0, {cpu_id})
@@ -123,34 +127,43 @@ def measure(root: str, files: int, repeats: int, cpu_id: int, only: list[str] | 
         with open(m.path(i), "rb") as f:
             raws.append(f.read())
     vs = {k: v for k, v in variants().items() if not only or k in only}
-    times: dict[str, list[float]] = {k: [] for k in vs}
-    for k, fn in vs.items():  # warm-up
+    for fn in vs.values():  # warm-up
         for i, raw in enumerate(raws[:20]):
             fn(i, raw)
+    # Chunks of `chunk` files, every variant in turn on each chunk, `repeats`
+    # passes: on a shared machine the noise moves within seconds, so a ratio
+    # is only taken between variants timed a moment apart on the same files.
+    chunks = [range(k, min(k + chunk, len(raws))) for k in range(0, len(raws), chunk)]
+    times: dict[str, list[float]] = {k: [] for k in vs}
     for _ in range(repeats):
-        for k, fn in vs.items():
-            t0 = time.perf_counter()
-            for i, raw in enumerate(raws):
-                fn(i, raw)
-            times[k].append((time.perf_counter() - t0) / len(raws) * 1e3)
+        for c in chunks:
+            for k, fn in vs.items():
+                t0 = time.process_time()
+                for i in c:
+                    fn(i, raws[i])
+                times[k].append((time.process_time() - t0) / len(c) * 1e3)
+    base = times.get("full-decode")
+    ratios = {k: [a / b for a, b in zip(v, base)] for k, v in times.items()} if base else {}
     import PIL
 
-    return {"pil": PIL.__version__, "files": len(raws), "ms_per_image": times,
-            "copy_us": copy_costs()}
+    return {"pil": PIL.__version__, "files": len(raws), "chunk": chunk, "ms_per_image": times,
+            "ratio_to_full_decode": ratios, "copy_us": copy_costs()}
 
 
 def markdown(simd: dict, plain: dict, command: str) -> str:
-    floor = statistics.median(simd["ms_per_image"]["full-decode"])
-    lines = [f"Command: `{command}`  ", f"{simd['files']} files, one core, bytes in memory; "
-             f"median of {len(simd['ms_per_image']['full-decode'])} interleaved rounds.", "",
-             "| variant | Pillow build | ms/image | images/s/core | x full decode time |",
+    lines = [f"Command: `{command}`  ", f"{simd['files']} files, one core, bytes in memory, CPU time per image; "
+             f"variants interleaved on chunks of {simd['chunk']} files; medians over "
+             f"{len(simd['ms_per_image']['full-decode'])} chunk timings. The ratio is the median of "
+             "per-chunk ratios to the full decode of the same build, timed a moment apart.", "",
+             "| variant | Pillow build | ms/image | images/s/core | time / full decode |",
              "|---|---|---:|---:|---:|"]
     for label, res in (("pillow-simd " + simd["pil"], simd), ("plain Pillow " + plain["pil"], plain)):
         if not res:
             continue
         for k, v in res["ms_per_image"].items():
             med = statistics.median(v)
-            lines.append(f"| {k} | {label} | {med:.3f} | {1000 / med:.0f} | {med / floor:.2f} |")
+            ratio = statistics.median(res["ratio_to_full_decode"][k])
+            lines.append(f"| {k} | {label} | {med:.3f} | {1000 / med:.0f} | {ratio:.2f} |")
     lines += ["", "Copying a resized 224x224 image into the batch buffer (pillow-simd), microseconds:",
               "", "| operation | us |", "|---|---:|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in simd["copy_us"].items()]

@@ -29,7 +29,7 @@ import time
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loader", required=True,
-                   choices=["coordl", "torch", "dali", "floor"])
+                   choices=["coordl", "torch", "dali", "floor", "floor-parallel"])
     p.add_argument("--root", required=True)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="worker processes / DALI threads")
@@ -153,12 +153,42 @@ def make_floor(a):
     return epoch, {"files": len(paths), "cpu": a.floor_cpu}
 
 
+def _decode_all(paths: list[str]) -> None:
+    from PIL import Image
+
+    for p in paths:
+        with Image.open(p) as img:
+            img.load()
+
+
+def make_floor_parallel(a):
+    """Full decode of every file by one process per core at once (cores share caches)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from coordl.manifest import scan
+
+    m = scan(a.root)
+    paths = [m.path(i) for i in range(len(m))]
+    cpus = sorted(os.sched_getaffinity(0))
+    pools = [ProcessPoolExecutor(1, initializer=os.sched_setaffinity, initargs=(0, {c}))
+             for c in cpus]
+
+    def epoch() -> int:
+        parts = [pool.submit(_decode_all, paths[k::len(pools)]) for k, pool in enumerate(pools)]
+        for f in parts:
+            f.result()
+        return len(paths)
+
+    return epoch, {"files": len(paths), "cpus": cpus}
+
+
 def main() -> None:
     a = _args()
     if a.pil_path:
         sys.path.insert(0, os.path.abspath(a.pil_path))
     pil = _check_pil(a.expect_pil)
-    make = {"coordl": make_coordl, "torch": make_torch, "dali": make_dali, "floor": make_floor}[a.loader]
+    make = {"coordl": make_coordl, "torch": make_torch, "dali": make_dali, "floor": make_floor,
+            "floor-parallel": make_floor_parallel}[a.loader]
     epoch, facts = make(a)
     print(json.dumps({"ready": True, "pil": pil, **facts}), flush=True)
     idle_since = None

@@ -11,7 +11,9 @@ Loaders (each in its own process, started once, warm-up epoch first):
                 -> crop_mirror_normalize(UINT8), device_id=None, num_threads=W
   dali-tuned    the same pipeline with DALI's recommended throughput settings
   floor         full decode (Image.open(path).load()) of every file on ONE core;
-                the decode floor is that rate x the number of cores
+                the decode floor is that rate x the number of cores (issue 3's definition)
+  floor-parallel  the same decode by one process per core at once, measured (shows
+                what sharing caches and memory bandwidth costs two cores)
 
 Then rounds: every loader runs one epoch in turn (A B C D ...), `--repeats`
 times. Reported: per-loader median images/s with min and max, and the median
@@ -44,8 +46,11 @@ LOADERS = {
     "dali": ["--loader", "dali", "--dali-variant", "fused"],
     "dali-tuned": ["--loader", "dali", "--dali-variant", "tuned"],
     "floor": ["--loader", "floor", "--expect-pil", "simd"],
+    "floor-parallel": ["--loader", "floor-parallel", "--expect-pil", "simd"],
 }
-BASELINES = ("torch-pillow", "torch-simd", "dali", "dali-tuned", "floor")
+# the worker-count lever: coordl with other worker counts (last --workers wins)
+for _w in (1, 3, 4):
+    LOADERS[f"coordl-w{_w}"] = ["--loader", "coordl", "--expect-pil", "simd", "@workers", str(_w)]
 
 
 class Child:
@@ -110,7 +115,11 @@ def run(a: argparse.Namespace) -> dict:
     try:
         for n in names:
             print(f"[start] {n}", flush=True)
-            children[n] = Child(n, LOADERS[n] + common)
+            argv = LOADERS[n] + common
+            if "@workers" in argv:  # move the override after the common --workers
+                k = argv.index("@workers")
+                argv = argv[:k] + argv[k + 2:] + ["--workers", argv[k + 1]]
+            children[n] = Child(n, argv)
         epochs: dict[str, list[dict]] = {n: [] for n in names}
         for n in names:  # warm-up: worker start, page cache, first-touch
             warm = children[n].epoch()
@@ -146,8 +155,8 @@ def summarise(a, cpus, names, children, epochs) -> dict:
         }
     ratios = {}
     if "coordl" in names:
-        for b in BASELINES:
-            if b in names:
+        for b in names:
+            if b != "coordl":
                 per = [x / y for x, y in zip(rates["coordl"], rates[b])]
                 ratios[f"coordl/{b}"] = {"median": statistics.median(per), "min": min(per),
                                          "max": max(per), "per_round": per}
@@ -167,7 +176,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cpus", default=None, help="comma-separated CPU ids (default: all usable)")
-    p.add_argument("--loaders", default=",".join(LOADERS))
+    p.add_argument("--loaders", default=",".join(n for n in LOADERS if not n.startswith("coordl-w")),
+                   help=f"comma-separated, from: {', '.join(LOADERS)}")
     p.add_argument("--settle", type=float, default=1.0, help="seconds idle between epochs")
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     a = p.parse_args()

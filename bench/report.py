@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 
 
 def machine(cpus: list[int]) -> dict:
@@ -76,14 +77,20 @@ def loaders_markdown(r: dict) -> str:
         "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".  ",
         f"Command: `{r['command']}`",
         "",
+        "images/s of a loader = images / (epoch seconds + CPU seconds it used between its epochs "
+        "/ cores); floor = full-decode images/s on one core x cores. CPU ms/image = user+system "
+        "CPU of the loader's process and its workers per image (less sensitive to other tenants "
+        "than images/s).",
+        "",
         "| loader | median images/s | min | max | coordl / this (median of per-round ratios) "
-        "| worker RSS first -> last epoch |",
-        "|---|---:|---:|---:|---:|---|",
+        "| CPU ms/image (all processes) | worker RSS first -> last epoch |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for name, lo in r["loaders"].items():
         ratio = r["ratios"].get(f"coordl/{name}")
         rtxt = (f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else "")
         label = name + (" (x cores)" if name == "floor" else "")
+        cpu_ms = statistics.median(c / lo["images_per_epoch"] * 1e3 for c in lo["cpu_seconds"][1:])
         lines.append(f"| {label} | {lo['median']:.0f} | {lo['min']:.0f} | {lo['max']:.0f} | {rtxt} "
-                     f"| {_rss_line(lo)} |")
+                     f"| {cpu_ms:.2f} | {_rss_line(lo)} |")
     return "\n".join(lines) + "\n"
