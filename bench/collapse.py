@@ -40,18 +40,20 @@ def stage_of(stack: str) -> str:
     return "other: " + stack.rsplit(";", 1)[-1][:60]
 
 
-def summarise(path: str) -> list[tuple[str, int]]:
+def summarise(path: str, only: str | None = "_worker_loop (") -> list[tuple[str, int]]:
+    """Samples per stage, counting only stacks that contain `only` (default: loader workers,
+    i.e. the steady-state per-image work, not start-up or the idle main process)."""
     counts: collections.Counter[str] = collections.Counter()
     with open(path) as f:
         for line in f:
             stack, _, n = line.rstrip().rpartition(" ")
-            if n.isdigit():
+            if n.isdigit() and (only is None or only in stack):
                 counts[stage_of(stack)] += int(n)
     return counts.most_common()
 
 
 def main() -> None:
-    rows = summarise(sys.argv[1])
+    rows = summarise(sys.argv[1], None if "--all" in sys.argv else "_worker_loop (")
     total = sum(n for _, n in rows)
     print("| stage | samples | share |\n|---|---:|---:|")
     shown = 0

@@ -2,7 +2,7 @@
 
     py-spy record --native --subprocesses --format raw -o prof.txt -- \
         .venv/bin/python bench/loader_profile.py /work/bench-data/photo
-    .venv/bin/python bench/collapse.py prof.txt     # where the time per image goes
+    .venv/bin/python bench/collapse.py prof.txt   # workers only; --all for every process
 """
 
 from __future__ import annotations
