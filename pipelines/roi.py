@@ -1,0 +1,157 @@
+"""Decode only a crop's region of a JPEG (libjpeg-turbo, C extension `_jpegroi`).
+
+What NVIDIA DALI's fused `decoders.image_random_crop` does on the CPU:
+`jpeg_crop_scanline` limits every row to the crop's columns (aligned down to
+an iMCU, 8 or 16 px), `jpeg_skip_scanlines` skips the rows above the crop
+(Huffman-decoded but not IDCT'd, upsampled or colour-converted) and the rows
+below it are never read. A DCT-scaled decode (1/2, 1/4, 1/8) is chosen by
+the same rule as `Image.draft` in pipelines/cpu.py: only while the scaled
+crop keeps >= DRAFT_MARGIN x the output size on its short side.
+
+The region is the crop plus what Pillow's bilinear resampler reads around it
+(see `rows.rows_for_box`) plus one column each side: libjpeg-turbo's fancy
+upsampling treats a cropped row's first and last columns as image edges, so
+those two columns differ from a full decode; every other pixel is
+bit-identical to Pillow's decode of the same file with the same scale
+(tests/pipelines/test_roi.py). Resizing the region therefore gives the same
+pixels as resizing the full decode.
+
+The extension is optional (setup.py builds it when a compiler and jpeglib.h
+are there): `AVAILABLE` says whether it is, and callers fall back to Pillow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+try:
+    from . import _jpegroi
+except ImportError:  # not built: no compiler or no jpeglib.h at install time
+    _jpegroi = None
+
+AVAILABLE = _jpegroi is not None
+#: Same rule as pipelines/cpu.py's DRAFT_MARGIN (a test checks they agree).
+DRAFT_MARGIN = 1.25
+#: Columns each side that libjpeg-turbo's cropped upsampling gets wrong (the edge columns).
+EDGE = 1
+_SOI = b"\xff\xd8\xff"
+_EOI = b"\xff\xd9"
+
+
+def is_jpeg(raw) -> bool:
+    return bytes(raw[:3]) == _SOI
+
+
+def header(raw) -> tuple[int, int, bool]:
+    """(width, height, supported) from the JPEG header; DecodeError if it is not one."""
+    try:
+        return _jpegroi.header(raw)
+    except ValueError as e:
+        raise _decode_error(e) from None
+
+
+def scale_denom(box, size: int, image_size: tuple[int, int]) -> int:
+    """The DCT-scale divisor (8, 4, 2 or 1) that `Image.draft` picks in pipelines/cpu.py's `_draft`.
+
+    The largest power of two that keeps the crop >= DRAFT_MARGIN x size on its
+    short side, computed exactly as Pillow's draft rounds it, so that both
+    decoders scale the same crops the same way (and give the same pixels).
+    """
+    factor = min(box[2], box[3]) / (size * DRAFT_MARGIN)
+    if factor < 2.0:
+        return 1
+    full_w, full_h = image_size
+    want = min(full_w // math.ceil(full_w / factor), full_h // math.ceil(full_h / factor))
+    for d in (8, 4, 2):
+        if want >= d:
+            return d
+    return 1
+
+
+def region_for_box(box, size: int, width: int, height: int) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1): the pixels a bilinear, antialiased resize of `box` to size x size reads.
+
+    Pillow's resampler reads `support = max(extent / size, 1)` pixels past each
+    side of the box, plus half a pixel of rounding (as in `rows.rows_for_box`);
+    one more column each side keeps the upsampling's edge columns out.
+    """
+    left, top, w, h = box
+    sx, sy = max(w / size, 1.0), max(h / size, 1.0)
+    x0 = max(math.floor(left - sx - 0.5) - 1 - EDGE, 0)
+    y0 = max(math.floor(top - sy - 0.5) - 1, 0)
+    x1 = min(math.ceil(left + w + sx + 0.5) + 1 + EDGE, width)
+    y1 = min(math.ceil(top + h + sy + 0.5) + 1, height)
+    return x0, y0, x1, y1
+
+
+def decode_region(raw, box, size: int, image_size: tuple[int, int], channels: int = 3,
+                  scale: bool = True):
+    """The low-level call: (pixels, width, height, box_in_region) or None when unsupported.
+
+    `pixels` is a bytes object of height rows of width * channels (3: RGB, 4:
+    RGBX) bytes; `box_in_region` is `box` in the returned pixels' coordinates
+    (after DCT scaling; `scale=False`: never scaled). A file that does not end with the JPEG end-of-image
+    marker is decoded down to its last row, so that truncation raises.
+    """
+    full_w, full_h = image_size
+    denom = scale_denom(box, size, image_size) if scale else 1
+    # libjpeg's scaled size is ceil(full / denom); Pillow's draft rescales boxes the same way
+    sw, sh = -(-full_w // denom), -(-full_h // denom)
+    sx, sy = sw / full_w, sh / full_h
+    left, top, w, h = box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
+    x0, y0, x1, y1 = region_for_box((left, top, w, h), size, sw, sh)
+    if bytes(raw[-2:]) != _EOI:
+        y1 = sh
+    try:
+        got = _jpegroi.decode(raw, denom, x0, y0, x1, y1, channels)
+    except ValueError as e:
+        raise _decode_error(e) from None
+    if got is None:
+        return None
+    pixels, xoff, yoff, rw, rh, _sw, _sh = got
+    return pixels, rw, rh, (left - xoff, top - yoff, w, h)
+
+
+def decode_crop(raw, box, min_size: int, image_size: tuple[int, int] | None = None):
+    """Decode the region of `raw` that resizing `box` (left, top, w, h) to min_size reads.
+
+    Returns (HxWx3 uint8 array, (left, top, w, h) of the crop within it), or
+    None when the JPEG's colour space is left to Pillow (CMYK, YCCK). Raises
+    DecodeError (pipelines/cpu.py) on broken or truncated data, with libjpeg's
+    message; libjpeg's warnings (corrupt data) count as errors.
+    """
+    if _jpegroi is None:
+        return None
+    if image_size is None:
+        w, h, supported = header(raw)
+        if not supported:
+            return None
+        image_size = (w, h)
+    got = decode_region(raw, box, min_size, image_size, 3)
+    if got is None:
+        return None
+    pixels, rw, rh, sub = got
+    return np.frombuffer(pixels, dtype=np.uint8).reshape(rh, rw, 3), sub
+
+
+def region_image(raw, box, size: int, image_size: tuple[int, int], scale: bool = True):
+    """`decode_region` as a PIL image: (RGBX image over the decoded bytes, box in it) or None.
+
+    RGBX because Pillow keeps RGB at 4 bytes a pixel: RGBX wraps the bytes
+    without a copy (Image.frombuffer), RGB would unpack them (~0.1 ms).
+    """
+    from PIL import Image
+
+    got = decode_region(raw, box, size, image_size, 4, scale)
+    if got is None:
+        return None
+    pixels, rw, rh, sub = got
+    return Image.frombuffer("RGBX", (rw, rh), pixels, "raw", "RGBX", 0, 1), sub
+
+
+def _decode_error(e: ValueError):
+    from .cpu import DecodeError  # here: cpu.py imports this module
+
+    return DecodeError(f"cannot decode image (JPEG): {e}")
