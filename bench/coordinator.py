@@ -24,7 +24,9 @@ shows medians over rounds and the median of per-round ratios.
 
 Per-batch delivery overhead: one job whose steps are slow enough that the next
 batch is always ready before it is asked for; the time of ``next(iterator)``
-for a 64x3x224x224 uint8 batch, for each way of loading.
+for a 64x3x224x224 uint8 batch, for each way of loading. And the
+coordinator's transport alone: a ring that holds the whole epoch, prepared
+before the job times ``next()`` back to back, with nothing else running.
 
 Run it under the bench lock (other benchmarks on this machine take it too):
 
@@ -102,38 +104,40 @@ def job_main(a) -> None:
 
 
 def _delivery(loader, a) -> dict:
-    """Seconds of next() for batches that were ready before they were asked for.
+    """Seconds of next() for a batch that was ready before it was asked for.
 
-    A step pauses `compute` seconds (long enough for the ring, or torch's
-    prefetch queue of 2 x workers batches, to fill), then takes BURST batches
-    back to back. The first next() after the pause meets cold caches and an
-    idle CPU ("after a pause"); the others are "back to back". The prep of the
-    following batches runs meanwhile on the same cores, as in training.
+    Each step pauses `compute` seconds (long enough for the ring, or torch's
+    prefetch queue of 2 x workers batches, to be full), then times one
+    next(). An epoch's first batch (it also starts the epoch) and its short
+    last batch are not counted.
     """
     if a.transport:
         return _transport(loader, a)
-    burst = 4
-    cold, warm = [], []
-    while len(warm) < a.samples:
+    times = []
+    while len(times) < a.samples:
         it = iter(loader)
-        next(it)  # an epoch's first batch also starts the epoch: not counted
-        done = False
-        while not done and len(warm) < a.samples:
-            time.sleep(a.compute)
-            for i in range(burst):
-                t = time.perf_counter()
-                try:
-                    images, labels = next(it)
-                except StopIteration:
-                    done = True
-                    break
-                dt = time.perf_counter() - t
-                if images.shape[0] == a.batch_size:
-                    (cold if i == 0 else warm).append(dt)
-                _consume(images, labels)
+        next(it)
+        for images, labels in _timed(it, a.compute, times):
+            _consume(images, labels)
+            if len(times) >= a.samples:
+                break
         for _ in it:
             pass
-    return {"cold": cold, "warm": warm, "shape": list(images.shape), "dtype": str(images.dtype)}
+    return {"times": times, "shape": list(images.shape), "dtype": str(images.dtype)}
+
+
+def _timed(it, pause: float, times: list[float]):
+    while True:
+        time.sleep(pause)
+        t = time.perf_counter()
+        try:
+            images, labels = next(it)
+        except StopIteration:
+            return
+        dt = time.perf_counter() - t
+        if images.shape[0] == 64:
+            times.append(dt)
+        yield images, labels
 
 
 def _transport(loader, a) -> dict:
@@ -153,7 +157,7 @@ def _transport(loader, a) -> dict:
         if step > 0 and images.shape[0] == a.batch_size:
             warm.append(dt)
         _consume(images, labels)
-    return {"warm": warm, "cold": [], "shape": list(images.shape), "dtype": str(images.dtype)}
+    return {"times": warm, "shape": list(images.shape), "dtype": str(images.dtype)}
 
 
 # -- one measured run ------------------------------------------------------------
@@ -273,20 +277,20 @@ def main() -> None:
             for k in ks:
                 order = MODES if rnd % 2 == 0 else MODES[::-1]
                 for mode in order:
+                    load = os.getloadavg()[0]
                     r = run(a, mode, k, compute)
-                    runs.append({"round": rnd, "compute_s": compute, "k": k, "mode": mode, **r})
+                    runs.append({"round": rnd, "compute_s": compute, "k": k, "mode": mode,
+                                 "loadavg_1min_before": load, **r})
                     print(f"round {rnd} compute {compute * 1e3:.0f} ms k={k} {mode:>6}: "
                           f"{r['images_per_s']:7.0f} images/s aggregate", flush=True)
     delivery = {}
     for mode, pause in (("coord", 0.5), ("coord-pin", 0.5), ("torch", 0.8), ("coordl", 0.8)):
         times = run(a, mode, 1, pause, delivery=True)
-        delivery[mode] = {"shape": times["shape"], "pause_s": pause,
-                          **{kind: _percentiles(times[kind]) for kind in ("warm", "cold")}}
-        print(f"delivery {mode:>9}: back to back {delivery[mode]['warm']['median_us']:.0f} us, "
-              f"after a pause {delivery[mode]['cold']['median_us']:.0f} us", flush=True)
+        delivery[mode] = {"shape": times["shape"], "pause_s": pause, **_percentiles(times["times"])}
+        print(f"delivery {mode:>9}: {delivery[mode]['median_us']:.0f} us", flush=True)
     transport = {}
     for mode in ("coord", "coord-pin"):
-        times = [t for _ in range(3) for t in run(a, mode, 1, 0.0, delivery=True, transport=True)["warm"]]
+        times = [t for _ in range(3) for t in run(a, mode, 1, 0.0, delivery=True, transport=True)["times"]]
         transport[mode] = _percentiles(times)
         print(f"transport {mode:>9}: {transport[mode]['median_us']:.0f} us", flush=True)
     result = {
@@ -354,18 +358,17 @@ def markdown(r: dict) -> str:
         lines.append(f"| {float(compute) * 1e3:.0f} ms | {k} | {fmt(cell['coord'])} | {fmt(cell['torch'])} "
                      f"| {fmt(cell['coordl'])} | {rat(cell['coord/torch'])} | {rat(cell['coord/coordl'])} |")
     lines += ["", "Per-batch delivery overhead: wall time of `next(iterator)` for a 64x3x224x224 uint8 batch "
-              "that was prepared before it was asked for (median, p10-p90, µs). A step pauses, then takes "
-              "4 batches back to back; the first meets an idle CPU and cold caches (after a pause), the "
-              "others do not (back to back). The prep of later batches runs on the same 2 cores meanwhile.",
-              "", "| loader | back to back | after a pause | samples |", "|---|---:|---:|---:|"]
+              "that was prepared before it was asked for (median, p10-p90, µs). Each step pauses (0.5 s "
+              "coordinator, 0.8 s torch/coordl: the ring, or the prefetch queue of 2 x 2 batches, is full), "
+              "then takes one batch; the prep of later batches runs on the same 2 cores meanwhile.",
+              "", "| loader | µs per batch | samples |", "|---|---:|---:|"]
     names = {"coord": "coordinator, zero-copy view of the slot",
              "coord-pin": "coordinator, pin_memory=True (one copy out of the slot; no GPU here)",
              "torch": "torch DataLoader, 2 workers (shared-memory tensor, unpickled)",
              "coordl": "coordl DataLoader, 2 workers (shared-memory batch)"}
     cell = lambda s: f"{s['median_us']:.0f} ({s['p10_us']:.0f}-{s['p90_us']:.0f})"  # noqa: E731
     for mode, dl in r["delivery"].items():
-        lines.append(f"| {names[mode]} | {cell(dl['warm'])} | {cell(dl['cold'])} "
-                     f"| {dl['warm']['samples']} + {dl['cold']['samples']} |")
+        lines.append(f"| {names[mode]} | {cell(dl)} | {dl['samples']} |")
     lines += ["", "The coordinator's transport alone: the whole epoch already prepared in the ring, "
               "nothing else running, `next(iterator)` back to back (median, p10-p90, µs):", "",
               "| loader | µs per batch | samples |", "|---|---:|---:|"]

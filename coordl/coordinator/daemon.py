@@ -159,7 +159,7 @@ class Daemon:
         self.slots = SlotTable(self.layout.slots, self.ring.table)
         self.scheduler = Scheduler(self.plan, self.slots, self.config.min_jobs)
         self.pool = WorkerPool(self.dataset, self.plan, self.ring, self.config.workers,
-                               lambda: [*extra_fds, *self._own_fds()])
+                               lambda: [*extra_fds, *self._own_fds()], forget=self.sel.unregister)
         self.pool.start()
         self._sync_workers()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -251,17 +251,11 @@ class Daemon:
                 self.sel.register(worker.sock, selectors.EVENT_READ, self._on_worker)
 
     def _on_worker(self, sock, _events) -> None:
-        fd = sock.fileno()
-        if fd not in self.pool.workers:
-            self.sel.unregister(sock)
-            return
         try:
-            finished = self.pool.on_readable(fd)
+            finished = self.pool.on_readable(sock.fileno())
         except p.ProtocolError as e:  # our own child sent garbage: a bug, but do not hang
             raise CoordinatorError(f"prep worker sent a bad message: {e}") from None
-        if fd not in self.pool.workers:  # it died and was replaced
-            self.sel.unregister(sock)
-            self._sync_workers()
+        self._sync_workers()  # a worker that died was replaced
         for slot, rows, error in finished:
             if error is None:
                 self.produced_batches += 1

@@ -16,8 +16,10 @@ NOTE (lifecycle of a prep worker):
   prctl(PR_SET_PDEATHSIG, SIGKILL) also kills it if the daemon dies by
   SIGKILL while it is decoding. It ignores SIGINT (Ctrl-C in the daemon's
   terminal reaches the whole process group; the daemon decides);
-- on SIGKILL of a worker, the daemon sees EOF, reaps it, fails the batches
-  of its unfinished chunks (their holders get BatchFailed) and forks a new one;
+- on SIGKILL of a worker, the daemon sees EOF, reaps it, forks a new one and
+  gives its unfinished chunks to the workers again; a chunk on which a second
+  worker dies fails its batch (the holders get BatchFailed: a file that
+  crashes the decoder does not kill workers for ever);
 - the daemon reaps every worker at shutdown: EOF first, SIGKILL after 5 s.
 """
 
@@ -140,14 +142,17 @@ class WorkerPool:
     """The daemon's side of the prep workers."""
 
     def __init__(self, dataset, plan: Plan, ring: Ring, workers: int,
-                 inherited_fds: Callable[[], list[int]]) -> None:
+                 inherited_fds: Callable[[], list[int]],
+                 forget: Callable[[socket.socket], None] = lambda sock: None) -> None:
         self.dataset, self.plan, self.ring, self.size = dataset, plan, ring, workers
         self.inherited_fds = inherited_fds   # the daemon's descriptors a new worker must close
+        self.forget = forget                 # called with a dead worker's socket before it is closed
         self.workers: dict[int, _Worker] = {}  # by socket fd
         self.queue: collections.deque[p.PrepTask] = collections.deque()
         self.batches: dict[int, _Batch] = {}   # by slot
         self.counters: collections.Counter = collections.Counter()
         self.deaths = 0
+        self.retried: set[tuple[int, int, int]] = set()  # (slot, batch, lo) whose first worker died
 
     def start(self) -> None:
         for _ in range(self.size):
@@ -221,6 +226,7 @@ class WorkerPool:
 
     def _chunk_done(self, slot: int, lo: int, kept: int, error: str | None):
         batch = self.batches[slot]
+        self.retried.discard((slot, batch.index, lo))
         batch.kept[lo] = kept
         if error is not None and batch.error is None:
             batch.error = error
@@ -245,14 +251,20 @@ class WorkerPool:
 
     def _died(self, worker: _Worker) -> list[tuple[int, int | None, str | None]]:
         del self.workers[worker.sock.fileno()]
+        self.forget(worker.sock)  # before close: its successor's socket may get the same number
         worker.sock.close()
         status = _reap(worker.pid, wait=1.0)
         self.deaths += 1
-        reason = (f"prep worker {worker.pid} died ({status}) while preparing this batch; a new "
-                  "worker replaced it: see the daemon's log")
         log.error("prep worker %d died (%s); starting a new one", worker.pid, status)
         done = []
-        for task in worker.tasks:
+        for task in reversed(worker.tasks):  # each chunk gets one more try, on another worker
+            key = (task.slot, task.index, task.lo)
+            if key not in self.retried:
+                self.retried.add(key)
+                self.queue.appendleft(task)
+                continue
+            reason = (f"prep worker {worker.pid} died ({status}) while preparing rows {task.lo}-"
+                      f"{task.hi} of this batch, the second worker to die on them: see the daemon's log")
             finished = self._chunk_done(task.slot, task.lo, 0, reason)
             if finished is not None:
                 done.append(finished)

@@ -171,3 +171,31 @@ def test_cache_serves_every_epoch_after_the_first(tiny_root, serve, jobs):
     finally:
         fingerprint = served.status_at_start["fingerprint"]
         admin.drop(segments.SHM_DIR, fingerprint[:16])
+
+
+def test_a_killed_prep_worker_is_replaced(tiny_root, serve):
+    import coordl
+
+    served = serve(tiny_root, slots=3)
+    loader = coordl.DataLoader(coordl.ImageFolder(tiny_root, transform="train", size=32), batch_size=4,
+                               shuffle=True, coordinator=served.address, timeout=60)
+    it = iter(loader)
+    next(it)
+    os.kill(served.workers[0], signal.SIGKILL)
+    failed, got = 0, 1
+    for _ in range(3):  # the epoch goes on: its chunks are prepared again by the others
+        while True:
+            try:
+                next(it)
+                got += 1
+            except StopIteration:
+                break
+            except coordl.SampleError as e:
+                assert "prep worker" in str(e) and "died" in str(e)
+                failed += 1
+        it = iter(loader)
+    assert failed == 0 and got == 30
+    st = served.status()
+    assert st["worker_deaths"] == 1 and served.workers[0] not in st["workers"] and len(st["workers"]) == 2
+    loader.coordinator.close()
+    assert served.stop() == 0 and alive(st["workers"]) == []
