@@ -26,6 +26,13 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+/* jpeg_crop_scanline/jpeg_skip_scanlines exist since libjpeg-turbo 1.5, but combined with fancy
+   upsampling they had crashes and wrong rows fixed up to 2.1: older builds are not worth the risk.
+   The build is optional (setup.py): without this extension coordl decodes with Pillow. */
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 2001000
+#error "pipelines/_jpegroi.c needs libjpeg-turbo >= 2.1"
+#endif
+
 struct roi_error {
     struct jpeg_error_mgr pub; /* must be first */
     jmp_buf jump;
