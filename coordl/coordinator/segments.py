@@ -8,7 +8,8 @@ A segment is a file in /dev/shm (a tmpfs) that processes map with
 where <pid> is the daemon's process id and <start> its start time in clock
 ticks since boot (proc(5) field 22), so that a pid reused by an unrelated
 process never makes a dead daemon's segments look alive. `owner_alive(name)`
-tells from the name alone whether the daemon that made a segment still runs;
+tells from the name alone whether the daemon that made a segment still runs
+(pid and start time, read as the MinIO cache reads them: coordl.cache.shm);
 cleanup.py removes those whose owner is gone.
 
 Lifetime: the daemon creates (mode 0600, O_EXCL) and is the only process that
@@ -22,21 +23,11 @@ import errno
 import mmap
 import os
 
+from coordl.cache.shm import alive, proc_start
 from coordl.errors import CoordinatorError
 
 SHM_DIR = "/dev/shm"
 PREFIX = "coordl-serve-"
-
-
-def proc_start(pid: int) -> int | None:
-    """The start time of process `pid` in clock ticks since boot (None: no such live process)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
 def daemon_prefix(pid: int | None = None) -> str:
@@ -57,7 +48,7 @@ def owner(name: str) -> tuple[int, int] | None:
 
 def owner_alive(name: str) -> bool:
     who = owner(name)
-    return who is not None and proc_start(who[0]) == who[1]
+    return who is not None and alive(*who)
 
 
 def create(name: str, size: int, directory: str = SHM_DIR) -> tuple[int, str]:
