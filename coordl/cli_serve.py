@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import sys
-import time
 
 import click
 
@@ -157,17 +156,3 @@ def status_cmd(socket_path, as_json):
                    f"{'waiting' if j['waiting'] else 'working'}, idle {j['idle_s']:.1f} s, "
                    f"{j['batches']} batches")
 
-
-def wait_for_socket(path: str, timeout: float = 30.0) -> None:
-    """Block until a daemon answers on `path` (for scripts that start one)."""
-    from .coordinator.client import status
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            status(path, timeout=2.0)
-            return
-        except CoordlError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
