@@ -8,6 +8,14 @@ a decode that stops below the last row the resize reads (pipelines/rows.py:
 the rows under a random crop are never entropy-decoded). The flip happens
 on the small resized image (in Pillow), then one flat copy into `out`.
 
+JPEGs go through the region-of-interest decoder when it is built
+(pipelines/roi.py, libjpeg-turbo without Pillow's decoder): only the
+crop's columns are IDCT'd and colour-converted, the rows above it are
+skipped and those below it never read, with the same DCT scale as `draft`.
+It gives the same pixels; anything it declines or fails on (CMYK, a libjpeg
+warning Pillow tolerates, a broken file) takes the Pillow path, which
+decodes it or raises Pillow's usual error.
+
 This module knows pixels, never where bytes come from: errors carry no file
 name; the caller (coordl.dataset) adds it.
 """
@@ -23,6 +31,7 @@ from PIL import Image, UnidentifiedImageError
 from coordl.errors import SampleError
 
 from . import crop, rows
+from . import roi as jpegroi
 
 BILINEAR = Image.Resampling.BILINEAR
 FLIP_LEFT_RIGHT = Image.Transpose.FLIP_LEFT_RIGHT
@@ -84,7 +93,7 @@ def _resize_into(img: Image.Image, box, size: int, flip: bool, out: np.ndarray |
     small = img.resize((size, size), BILINEAR, box=(left, top, left + w, top + h))
     if flip:  # in Pillow, on 4-byte pixels: a numpy copy with a negative stride is 5x slower
         small = small.transpose(FLIP_LEFT_RIGHT)
-    packed = np.frombuffer(small.tobytes(), dtype=np.uint8)
+    packed = np.frombuffer(small.tobytes("raw", "RGB"), dtype=np.uint8)  # RGB, or RGBX from roi
     if out is None:
         out = np.empty((size, size, 3), dtype=np.uint8)
     if out.flags.c_contiguous:
@@ -94,24 +103,59 @@ def _resize_into(img: Image.Image, box, size: int, flip: bool, out: np.ndarray |
     return out
 
 
+def _roi_size(raw, use: bool) -> tuple[int, int] | None:
+    """The JPEG's (width, height) when the ROI decoder is to decode it, else None (Pillow path)."""
+    if not (use and jpegroi.AVAILABLE and jpegroi.is_jpeg(raw)):
+        return None
+    try:
+        width, height, supported = jpegroi.header(raw)
+    except DecodeError:
+        return None  # the Pillow path reports it
+    if not supported or (Image.MAX_IMAGE_PIXELS and width * height > Image.MAX_IMAGE_PIXELS):
+        return None  # CMYK/YCCK; huge images get Pillow's decompression-bomb check
+    return width, height
+
+
+def _roi_region(raw, box, size: int, image_size: tuple[int, int], scale: bool):
+    """(RGBX image of the region that resizing `box` reads, box within it), or None: use Pillow."""
+    try:
+        return jpegroi.region_image(raw, box, size, image_size, scale)
+    except DecodeError:
+        # libjpeg-turbo stopped on an error or on a warning (corrupt data): the Pillow path
+        # raises its own error, or decodes what Pillow tolerates, as without the ROI decoder
+        return None
+
+
 def train(raw, size: int, rng: np.random.Generator, out: np.ndarray | None = None,
-          draft: bool = True, partial: bool = True) -> np.ndarray:
+          draft: bool = True, partial: bool = True, roi: bool = True) -> np.ndarray:
     """RandomResizedCrop(size) + RandomHorizontalFlip, as uint8 (size, size, 3).
 
     `draft` (DCT-scaled decode) and `partial` (stop below the crop) are the
     two decode shortcuts; turning them off gives the full-decode reference.
+    `roi` (with `partial`): decode JPEGs with pipelines/roi.py when it is built.
     """
-    img = open_image(raw)
-    box = crop.random_resized_crop_box(*img.size, rng)
+    roi_size = _roi_size(raw, roi and partial)
+    img = None if roi_size else open_image(raw)
+    box = crop.random_resized_crop_box(*(roi_size or img.size), rng)
     do_flip = crop.flip(rng)
+    if roi_size:
+        got = _roi_region(raw, box, size, roi_size, draft)
+        if got is not None:
+            return _resize_into(*got, size, do_flip, out)
+        img = open_image(raw)
     if draft:
         box = _draft(img, box, size)
     return _resize_into(_decode_for(img, raw, box, size, partial), box, size, do_flip, out)
 
 
 def val(raw, size: int, out: np.ndarray | None = None, draft: bool = True,
-        partial: bool = True) -> np.ndarray:
+        partial: bool = True, roi: bool = True) -> np.ndarray:
     """Resize(size / 0.875) + CenterCrop(size), as uint8 (size, size, 3)."""
+    roi_size = _roi_size(raw, roi and partial)
+    if roi_size:
+        got = _roi_region(raw, crop.center_crop_box(*roi_size, size), size, roi_size, draft)
+        if got is not None:
+            return _resize_into(*got, size, False, out)
     img = open_image(raw)
     box = crop.center_crop_box(*img.size, size)
     if draft:
