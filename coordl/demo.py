@@ -42,13 +42,16 @@ def run_demo(root: str, images: int, batch_size: int, workers: int, epochs: int,
     del loader
     click.echo(f"      batch {tuple(x.shape)} {x.dtype}, labels {tuple(y.shape)} {y.dtype}; "
                f"stats: {stats}")
-    click.echo("[3/3] torch.utils.data.DataLoader + Pillow (torchvision-style Dataset), same settings")
+    import PIL
+
+    pil = "pillow-simd" if ".post" in PIL.__version__ else "Pillow"
+    click.echo(f"[3/3] torch.utils.data.DataLoader + {pil} (torchvision-style Dataset), same settings")
     base = torch.utils.data.DataLoader(TorchvisionStyleFolder(root), worker_init_fn=worker_init_fn, **common)
     time_epochs(base, 1)
     theirs = time_epochs(base, epochs)
     del base
     a, b = statistics.median(ours), statistics.median(theirs)
     click.echo(f"\n  coordl        {a:8.0f} images/s")
-    click.echo(f"  torch+Pillow  {b:8.0f} images/s")
+    click.echo(f"  torch+{pil:<7}{b:8.0f} images/s   (bench/loaders.py also runs plain Pillow and DALI)")
     click.echo(f"  ratio         {a / b:8.2f}x  (median of {epochs} epochs each, {os.cpu_count()} cores)")
     return {"coordl": a, "torch": b}
