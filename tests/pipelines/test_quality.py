@@ -17,33 +17,15 @@ from __future__ import annotations
 
 import io
 import math
-import os
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from coordl.manifest import scan
 from coordl.pipelines import cpu, crop, rows
-from coordl.synthetic import make_dataset
 
 SIZE = 224
 EPOCHS = 3
-
-
-@pytest.fixture(scope="module")
-def bench_sample(tmp_path_factory) -> list[bytes]:
-    root = os.environ.get("COORDL_QUALITY_DATA")
-    if not root:
-        root = str(tmp_path_factory.mktemp("bench-sample"))
-        make_dataset(root, images=60, classes=60, seed=0, large_fraction=0.2,
-                     workers=1, progress=False)
-    m = scan(root)
-    out = []
-    for i in range(len(m)):
-        with open(m.path(i), "rb") as f:
-            out.append(f.read())
-    return out
 
 
 def _reference_train(raw: bytes, seed: int, epoch: int, index: int) -> np.ndarray:

@@ -268,28 +268,13 @@ def test_threads_decode_concurrently_with_the_same_result():
 # --- cpu.train / cpu.val with the ROI decoder -------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory) -> list[bytes]:
-    from coordl.manifest import scan
-    from coordl.synthetic import make_dataset
-
-    root = str(tmp_path_factory.mktemp("roi-sample"))
-    make_dataset(root, images=40, classes=40, seed=0, large_fraction=0.2, workers=1, progress=False)
-    m = scan(root)
-    out = []
-    for i in range(len(m)):
-        with open(m.path(i), "rb") as f:
-            out.append(f.read())
-    return out
-
-
 @needs_roi
-def test_train_and_val_match_the_pillow_path(sample):
+def test_train_and_val_match_the_pillow_path(bench_sample):
     """Same pixels as without the ROI decoder, up to 1 on a few values: the region's offset
     rounds the resampler's weights differently in the last bit for fractional (scaled, val) boxes."""
     stats = {"train": [0, 0], "train, no draft": [0, 0], "val": [0, 0]}
     for epoch in range(2):
-        for i, raw in enumerate(sample):
+        for i, raw in enumerate(bench_sample):
             pairs = {name: (cpu.train(raw, SIZE, crop.item_rng(epoch, 0, i), draft=draft),
                             cpu.train(raw, SIZE, crop.item_rng(epoch, 0, i), draft=draft, roi=False))
                      for name, draft in (("train", True), ("train, no draft", False))}
@@ -305,26 +290,26 @@ def test_train_and_val_match_the_pillow_path(sample):
 
 
 @needs_roi
-def test_train_and_val_use_the_roi_decoder(monkeypatch, sample):
+def test_train_and_val_use_the_roi_decoder(monkeypatch, bench_sample):
     calls = []
     real = roi.region_image
     monkeypatch.setattr(roi, "region_image", lambda *a, **k: calls.append(1) or real(*a, **k))
-    cpu.train(sample[0], SIZE, crop.item_rng(0, 0, 0))
-    cpu.val(sample[0], SIZE)
+    cpu.train(bench_sample[0], SIZE, crop.item_rng(0, 0, 0))
+    cpu.val(bench_sample[0], SIZE)
     assert len(calls) == 2
-    cpu.train(sample[0], SIZE, crop.item_rng(0, 0, 0), roi=False)
-    cpu.train(sample[0], SIZE, crop.item_rng(0, 0, 0), partial=False)  # the full-decode reference
+    cpu.train(bench_sample[0], SIZE, crop.item_rng(0, 0, 0), roi=False)
+    cpu.train(bench_sample[0], SIZE, crop.item_rng(0, 0, 0), partial=False)  # the full-decode reference
     assert len(calls) == 2
 
 
-def test_without_the_extension_jpegs_take_the_pillow_path(monkeypatch, sample):
-    want = cpu.train(sample[1], SIZE, crop.item_rng(0, 0, 1), roi=False)
+def test_without_the_extension_jpegs_take_the_pillow_path(monkeypatch, bench_sample):
+    want = cpu.train(bench_sample[1], SIZE, crop.item_rng(0, 0, 1), roi=False)
     monkeypatch.setattr(roi, "AVAILABLE", False)
-    np.testing.assert_array_equal(cpu.train(sample[1], SIZE, crop.item_rng(0, 0, 1)), want)
+    np.testing.assert_array_equal(cpu.train(bench_sample[1], SIZE, crop.item_rng(0, 0, 1)), want)
 
 
 @needs_roi
-def test_what_the_roi_decoder_refuses_goes_to_pillow(sample):
+def test_what_the_roi_decoder_refuses_goes_to_pillow(bench_sample):
     cmyk = _jpeg(_photo(300, 200), cmyk=True)
     np.testing.assert_array_equal(cpu.train(cmyk, SIZE, crop.item_rng(0, 0, 0)),
                                   cpu.train(cmyk, SIZE, crop.item_rng(0, 0, 0), roi=False))
@@ -332,7 +317,7 @@ def test_what_the_roi_decoder_refuses_goes_to_pillow(sample):
     assert np.abs(cpu.train(gray, SIZE, crop.item_rng(0, 0, 0)).astype(int)
                   - cpu.train(gray, SIZE, crop.item_rng(0, 0, 0), roi=False)).max() <= 1
     # corrupt entropy data: libjpeg warns, the ROI decoder refuses, Pillow decides as it always did
-    raw = bytearray(sample[0])
+    raw = bytearray(bench_sample[0])
     sos = raw.index(b"\xff\xda")
     for k in range(sos + 200, sos + 260):
         raw[k] = 0xFF if k % 2 else 0xD3
@@ -347,7 +332,7 @@ def test_what_the_roi_decoder_refuses_goes_to_pillow(sample):
     else:
         assert np.abs(cpu.train(raw, SIZE, crop.item_rng(0, 0, 0)).astype(int) - want).max() <= 1
     # truncated: Pillow's own message, whatever the crop
-    cut = sample[0][: len(sample[0]) // 2]
+    cut = bench_sample[0][: len(bench_sample[0]) // 2]
     for epoch in range(6):
         with pytest.raises(cpu.DecodeError, match="truncated"):
             cpu.train(cut, SIZE, crop.item_rng(0, epoch, 0))
