@@ -12,17 +12,24 @@ import os
 
 
 def read_file(path: str, drop_page_cache: bool = False) -> bytes:
-    """The whole file at `path`. Raises OSError as open/read do."""
+    """The whole file at `path`. Raises OSError as open/read do.
+
+    One read of the size `fstat` gives (plus one byte, to see the end): a
+    fixed 1 MiB read buffer costs a fresh allocation and its page faults on
+    every file, ~3x the time of the read itself for a 100 KiB JPEG. A file
+    that grows meanwhile, or a short read, is read on to its end.
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size + 1)
+        if len(data) != size:
+            chunks = [data]
+            while chunk := os.read(fd, max(size, 1 << 16)):
+                chunks.append(chunk)
+            data = b"".join(chunks)
         if drop_page_cache:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return data

@@ -7,6 +7,8 @@ costs microseconds).
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import torch
 from PIL import Image
@@ -22,7 +24,7 @@ class TorchvisionStyleFolder(torch.utils.data.Dataset):
     def __init__(self, root: str, size: int = 224, transform: str = "train") -> None:
         self.manifest = scan(root)
         self.size, self.transform = size, transform
-        self.rng = np.random.default_rng()
+        self.rng = random.Random()  # unseeded, as torchvision draws from the global RNG
 
     def __len__(self) -> int:
         return len(self.manifest)
@@ -49,4 +51,4 @@ class TorchvisionStyleFolder(torch.utils.data.Dataset):
 def worker_init_fn(worker_id: int) -> None:
     """Give each worker its own augmentation stream (as torchvision's torch RNG does)."""
     info = torch.utils.data.get_worker_info()
-    info.dataset.rng = np.random.default_rng((torch.initial_seed() % 2**63, worker_id))
+    info.dataset.rng = random.Random(f"{torch.initial_seed()}/{worker_id}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import math
+import random
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -126,7 +127,7 @@ def _roi_region(raw, box, size: int, image_size: tuple[int, int], scale: bool):
         return None
 
 
-def train(raw, size: int, rng: np.random.Generator, out: np.ndarray | None = None,
+def train(raw, size: int, rng: random.Random, out: np.ndarray | None = None,
           draft: bool = True, partial: bool = True, roi: bool = True) -> np.ndarray:
     """RandomResizedCrop(size) + RandomHorizontalFlip, as uint8 (size, size, 3).
 

@@ -8,21 +8,32 @@ Boxes are (left, top, width, height) in pixels of the full-size image.
 from __future__ import annotations
 
 import math
-
-import numpy as np
+import random
 
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 VAL_RESIZE_RATIO = 0.875  # val: shorter side resized to size / 0.875 (224 -> 256)
 
 
-def item_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The generator for one item's augmentation: a pure function of (seed, epoch, index)."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence((seed, epoch, index))))
+_MASK64 = (1 << 64) - 1
+
+
+def item_rng(seed: int, epoch: int, index: int) -> random.Random:
+    """The generator for one item's augmentation: a pure function of (seed, epoch, index).
+
+    A Mersenne Twister seeded with the three numbers packed into one 192-bit
+    integer (each taken modulo 2**64, so distinct triples give distinct seeds;
+    `init_by_array` decorrelates neighbouring seeds). It is the same on every
+    platform and Python version `random` keeps its seeding stable for. Python's
+    `random.Random` because a crop takes a handful of draws: creating it and
+    drawing costs ~8 us an item, numpy's SeedSequence + PCG64 + Generator
+    calls ~30-90 us (bench/results/levers-rng.md).
+    """
+    return random.Random(((seed & _MASK64) << 128) | ((epoch & _MASK64) << 64) | (index & _MASK64))
 
 
 def random_resized_crop_box(
-    width: int, height: int, rng: np.random.Generator,
+    width: int, height: int, rng: random.Random,
     scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO,
 ) -> tuple[int, int, int, int]:
     """torchvision's RandomResizedCrop.get_params, including its center-crop fallback."""
@@ -34,8 +45,8 @@ def random_resized_crop_box(
         w = int(round(math.sqrt(target_area * aspect)))
         h = int(round(math.sqrt(target_area / aspect)))
         if 0 < w <= width and 0 < h <= height:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
+            top = rng.randint(0, height - h)
+            left = rng.randint(0, width - w)
             return left, top, w, h
     in_ratio = width / height
     if in_ratio < min(ratio):
@@ -66,6 +77,6 @@ def center_crop_box(width: int, height: int, size: int) -> tuple[float, float, f
     return left * sx, top * sy, crop * sx, crop * sy
 
 
-def flip(rng: np.random.Generator) -> bool:
+def flip(rng: random.Random) -> bool:
     """Horizontal flip with probability 0.5."""
-    return bool(rng.random() < 0.5)
+    return rng.random() < 0.5

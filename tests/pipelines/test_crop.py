@@ -44,12 +44,26 @@ def test_flip_half_the_time():
     assert abs(flips - 2000) < 160
 
 
+def _draws(seed, epoch, index, n=4):
+    rng = crop.item_rng(seed, epoch, index)
+    return [rng.random() for _ in range(n)]
+
+
 def test_item_rng_is_a_pure_function_of_seed_epoch_index():
-    a = crop.item_rng(7, 2, 11).random(4)
-    assert np.array_equal(a, crop.item_rng(7, 2, 11).random(4))
-    assert not np.array_equal(a, crop.item_rng(7, 3, 11).random(4))
-    assert not np.array_equal(a, crop.item_rng(8, 2, 11).random(4))
-    assert not np.array_equal(a, crop.item_rng(7, 2, 12).random(4))
+    a = _draws(7, 2, 11)
+    assert a == _draws(7, 2, 11)
+    for other in [(7, 3, 11), (8, 2, 11), (7, 2, 12), (-7, 2, 11), (11, 2, 7), (2, 7, 11), (0, 0, 0)]:
+        assert a != _draws(*other), other
+
+
+def test_item_rng_neighbouring_items_are_uncorrelated():
+    # items k and k+1 (and epochs e and e+1) must not share or shift a stream
+    first = np.array([_draws(0, 0, k, 2) for k in range(4001)])
+    assert abs(np.corrcoef(first[:-1, 0], first[1:, 0])[0, 1]) < 0.06  # ~4 sd for n = 4000
+    assert abs(np.corrcoef(first[:-1, 1], first[1:, 0])[0, 1]) < 0.06
+    epochs = np.array([_draws(0, e, 5, 1)[0] for e in range(4001)])
+    assert abs(np.corrcoef(epochs[:-1], epochs[1:])[0, 1]) < 0.06
+    assert abs(first[:, 0].mean() - 0.5) < 0.02 and abs(epochs.mean() - 0.5) < 0.02
 
 
 @pytest.mark.parametrize("w,h", [(500, 375), (375, 500), (224, 224), (640, 256)])
