@@ -28,6 +28,7 @@ import torch
 from coordl.cache import storage
 from coordl.pipelines import cpu, crop
 
+from .buffers import new_shared
 from .errors import ConfigError, SampleError
 from .manifest import IMG_EXTENSIONS, scan
 from .stats import Counters
@@ -39,19 +40,13 @@ _ON_ERROR = ("raise", "skip")
 class PreparedBatch(list):
     """A batch built by `__getitems__`: a list of (image, label) views, for
     torch's default_collate, that also carries the stacked tensors so that
-    coordl's collate returns them without a copy."""
+    coordl's collate returns them without a copy, and the (worker, slot) of
+    its buffer when it is a reused one (coordl/buffers.py)."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int]):
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int],
+                 slot: tuple[int, int] | None = None):
         super().__init__(zip(images, labels.tolist()))
-        self.images, self.labels, self.indices = images, labels, indices
-
-
-def _alloc_batch(n: int, size: int) -> torch.Tensor:
-    """uint8 (n, size, size, 3); in shared memory when called in a worker process."""
-    if torch.utils.data.get_worker_info() is not None:
-        storage_ = torch.UntypedStorage._new_shared(n * size * size * 3)
-        return torch.empty(0, dtype=torch.uint8).set_(storage_).view(n, size, size, 3)
-    return torch.empty((n, size, size, 3), dtype=torch.uint8)
+        self.images, self.labels, self.indices, self.slot = images, labels, indices, slot
 
 
 class ImageFolder(torch.utils.data.Dataset):
@@ -97,6 +92,7 @@ class ImageFolder(torch.utils.data.Dataset):
         self.epoch = 0
         self.counters = Counters(0)
         self.cache: Any = None          # a MinIO cache, set by coordl.DataLoader(cache=...)
+        self.batch_pool: Any = None     # reusable worker batch buffers, set by coordl.DataLoader
         self.drop_page_cache = False    # read storage without leaving pages behind
 
     # -- torchvision attributes (built on demand: no per-item objects are kept) --
@@ -182,19 +178,43 @@ class ImageFolder(torch.utils.data.Dataset):
                     out.append(sample)
             self.counters.add(samples=len(out))
             return out
-        images = _alloc_batch(len(indices), self.size)
-        pixels = images.numpy()
-        labels = torch.empty(len(indices), dtype=torch.int64)
-        kept: list[int] = []
-        for i in indices:
-            n = len(kept)
-            if self._try(lambda i=i, n=n: self.prep(self.fetch(i), i, epoch, out=pixels[n])) is None:
-                continue
-            labels[n] = int(self.manifest.labels[i])
-            kept.append(int(i))
+        images, slot = self._alloc_batch(len(indices))
+        try:
+            pixels = images.numpy()
+            labels = np.empty(len(indices), dtype=np.int64)
+            kept: list[int] = []
+            for i in indices:
+                n = len(kept)
+                if self._try(lambda i=i, n=n: self.prep(self.fetch(i), i, epoch, out=pixels[n])) is None:
+                    continue
+                labels[n] = self.manifest.labels[i]
+                kept.append(int(i))
+        except BaseException:
+            if slot is not None:
+                self.batch_pool.give_back(slot[1])
+            raise
         self.counters.add(samples=len(kept))
         n = len(kept)
-        return PreparedBatch(images[:n].permute(0, 3, 1, 2), labels[:n], kept)
+        targets = torch.from_numpy(labels[:n]) if self.target_transform is None else \
+            torch.utils.data.default_collate([self._target(i) for i in kept])
+        return PreparedBatch(images[:n].permute(0, 3, 1, 2), targets, kept, slot)
+
+    def _alloc_batch(self, n: int) -> tuple[torch.Tensor, tuple[int, int] | None]:
+        """uint8 (n, size, size, 3) and its (worker, slot): in shared memory in a worker process,
+        a reused buffer when the loader gave the dataset a pool (coordl/buffers.py)."""
+        size = self.size
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return torch.empty((n, size, size, 3), dtype=torch.uint8), None
+        nbytes = n * size * size * 3
+        if self.batch_pool is not None:
+            storage_, slot, fresh = self.batch_pool.acquire(info.id, nbytes)
+        else:
+            storage_, slot, fresh = new_shared(nbytes), None, True
+        if fresh:
+            self.counters.add(batch_buffers=1)
+        images = torch.empty(0, dtype=torch.uint8).set_(storage_, 0, (n, size, size, 3))
+        return images, None if slot is None else (info.id, slot)
 
     def _try(self, work: Callable[[], Any]) -> Any:
         try:

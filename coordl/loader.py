@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import default_collate
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+from .buffers import EXTRA_SLOTS, BatchPool, Lender
 from .caching import cache_for
 from .coordinator.client import connect
 from .dataset import PreparedBatch
@@ -76,6 +78,7 @@ class _EpochTagged:
         tag = EpochBatch if self.batched else EpochIndex
         loader = self._loader()
         epoch = loader.epoch if loader is not None else 0
+        del loader  # a suspended generator (an epoch left unfinished) must not keep the loader alive
         for item in self.sampler:
             yield tag(item, epoch)
 
@@ -83,11 +86,56 @@ class _EpochTagged:
         return len(self.sampler)
 
 
+class Batch(list):
+    """[images, labels] as torch's collate gives them, plus the (worker, slot) of the images'
+    reusable buffer (coordl/buffers.py) or None."""
+
+    def __init__(self, items, slot: tuple[int, int] | None = None) -> None:
+        super().__init__(items)
+        self.slot = slot
+
+    def __reduce__(self):
+        return Batch, (list(self), self.slot)
+
+
 def collate(batch: Any) -> Any:
     """Collate for coordl datasets: a `PreparedBatch` as is, anything else as torch does."""
     if isinstance(batch, PreparedBatch):
-        return [batch.images, batch.labels]
+        return Batch([batch.images, batch.labels], batch.slot)
     return default_collate(batch)
+
+
+class _PooledIter(_MultiProcessingDataLoaderIter):
+    """torch's multi-process iterator that gives a batch's buffer back to its worker once
+    the training step no longer refers to it (coordl/buffers.py)."""
+
+    def __init__(self, loader: DataLoader, pool: BatchPool) -> None:
+        self._lender = Lender(pool)
+        self._discarding = False
+        super().__init__(loader)
+
+    def _reset(self, loader, first_iter: bool = False) -> None:
+        # persistent workers: torch drains the batches of an epoch left unfinished and drops them
+        self._discarding = not first_iter
+        try:
+            super()._reset(loader, first_iter)
+        finally:
+            self._discarding = False
+
+    def _get_data(self):
+        idx, data = super()._get_data()
+        slot = getattr(data, "slot", None)
+        if self._discarding and slot is not None:
+            self._lender.discarded(*slot)
+        return idx, data
+
+    def __next__(self):
+        self._lender.release_unused()
+        batch = super().__next__()
+        slot = getattr(batch, "slot", None)
+        if slot is not None:
+            self._lender.received(batch[0], *slot)
+        return batch
 
 
 def is_coordl_dataset(dataset: Any) -> bool:
@@ -149,6 +197,14 @@ class DataLoader(torch.utils.data.DataLoader):
         if not self._coordl_dataset:
             return sampler
         return _EpochTagged(sampler, self, self._auto_collation)
+
+    def _get_iterator(self):
+        # a new set of worker processes starts here: give them a new pool of batch buffers
+        if (self._coordl_dataset and self.num_workers > 0 and self.collate_fn is collate
+                and self._auto_collation):
+            self.dataset.batch_pool = BatchPool(self.num_workers, self.prefetch_factor + EXTRA_SLOTS)
+            return _PooledIter(self, self.dataset.batch_pool)
+        return super()._get_iterator()
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter(loader)`` runs (to resume a run at epoch ``epoch``)."""

@@ -22,6 +22,7 @@ KEYS: tuple[str, ...] = (
     "cache_hits",      # items served from the MinIO cache
     "cache_misses",    # items looked up in the cache and not found
     "cache_inserts",   # items this loader's processes added to the cache
+    "batch_buffers",   # shared-memory batch buffers workers allocated (the rest reused one)
 )
 _INDEX = {k: i for i, k in enumerate(KEYS)}
 

@@ -94,7 +94,7 @@ class Job:
     """One job process (job_main.py) attached to a daemon."""
 
     def __init__(self, root: str, served: Served, out: str, **args) -> None:
-        self.out = out
+        self.out, self._pending = out, b""
         spec = {"root": root, "socket": served.socket, "batch_size": 4, "size": 32, "epochs": 2,
                 "sleep": 0.0, "out": out, **args}
         self.proc = subprocess.Popen([sys.executable, JOB, json.dumps(spec)], stdout=subprocess.PIPE,
@@ -102,15 +102,23 @@ class Job:
 
     def wait_for(self, text: str, timeout: float = 60.0) -> None:
         """Read the job's output until a line equal to `text` (or fail)."""
+        # os.read on the descriptor, lines split here: a buffered readline() would keep lines
+        # that already arrived where select() cannot see them
         deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
-            if ready:
-                line = self.proc.stdout.readline()
-                if line.strip() == text:
+            while b"\n" in self._pending:
+                line, self._pending = self._pending.split(b"\n", 1)
+                if line.decode().strip() == text:
                     return
-                if not line:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
                     break
+                self._pending += chunk
+        if self.proc.poll() is None:
+            self.proc.kill()
         pytest.fail(f"job never printed {text!r}; stderr: {self.proc.stderr.read()}")
 
     def result(self, timeout: float = 120.0) -> dict:

@@ -72,7 +72,7 @@ def test_sigkill_of_one_job_leaves_the_others_running(tiny_root, serve, jobs):
 
 
 def test_sigkill_of_the_daemon_makes_jobs_raise_promptly(tiny_root, serve, jobs):
-    served = serve(tiny_root, slots=3)
+    served = serve(tiny_root, slots=3, min_jobs=2)  # both jobs start at epoch 0, whatever the timing
     running = [jobs(tiny_root, served, epochs=1000, sleep=0.02) for _ in range(2)]
     for job in running:
         job.wait_for("batch 0 2")

@@ -1,0 +1,99 @@
+"""Workers reuse a batch's shared-memory buffer only once the training process dropped it.
+
+A reused buffer that is still in use would silently change a batch the user
+holds: the tests compare what the user got (and kept) with a num_workers=0
+run of the same seed, generator and epoch, where no buffer is shared, or,
+for persistent workers (whose shuffle differs from torch's single-process
+order from the second epoch on), with a run that holds every batch and so
+cannot reuse any buffer.
+"""
+
+import pytest
+import torch
+
+import coordl
+from coordl.buffers import EXTRA_SLOTS
+
+WORKERS, BATCH = 2, 2  # 20 batches an epoch: more than the 2 x 5 slots
+SLOTS = 2 + EXTRA_SLOTS  # prefetch_factor 2
+
+
+def _loader(root, workers, **kw):
+    ds = coordl.ImageFolder(root, transform="train", size=32, seed=3)
+    return coordl.DataLoader(ds, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(9),
+                             num_workers=workers, **kw)
+
+
+def _reference(root, epochs):
+    loader = _loader(root, 0)
+    return [[(x.clone(), y.clone()) for x, y in loader] for _ in range(epochs)]
+
+
+def _same(got, want):
+    assert len(got) == len(want)
+    for (x, y), (wx, wy) in zip(got, want):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+def test_batches_the_user_keeps_are_never_overwritten(tiny_root):
+    want = _reference(tiny_root, 2)
+    loader = _loader(tiny_root, WORKERS)
+    kept = [list(loader) for _ in range(2)]  # every batch of 2 epochs held at once
+    for got, ref in zip(kept, want):
+        _same(got, ref)
+    ptrs = {x.data_ptr() for epoch in kept for x, _ in epoch}
+    assert len(ptrs) == 2 * len(loader)
+    assert loader.stats()["batch_buffers"] == 2 * len(loader)  # nothing could be reused
+
+
+def test_dropped_batches_give_their_buffers_back(tiny_root):
+    want = _reference(tiny_root, 2)
+    loader = _loader(tiny_root, WORKERS)
+    for e in range(2):
+        _same([(x.clone(), y.clone()) for x, y in loader], want[e])
+    # each epoch starts new workers with new buffers; within one, 20 batches use <= 10 buffers
+    assert loader.stats()["batch_buffers"] <= 2 * WORKERS * SLOTS < 2 * len(loader)
+
+
+def test_persistent_workers_reuse_across_epochs(tiny_root):
+    epochs = 4
+    held = _loader(tiny_root, WORKERS, persistent_workers=True)
+    want = [list(held) for _ in range(epochs)]  # held: no buffer can be reused, the truth
+    assert held.stats()["batch_buffers"] == epochs * len(held)
+    loader = _loader(tiny_root, WORKERS, persistent_workers=True)
+    for e in range(epochs):
+        _same([(x.clone(), y.clone()) for x, y in loader], want[e])
+    assert loader.stats()["batch_buffers"] <= WORKERS * SLOTS
+
+
+def test_a_view_the_user_keeps_holds_its_buffer(tiny_root):
+    want = _reference(tiny_root, 2)
+    loader = _loader(tiny_root, WORKERS)
+    views = [[x[1] for x, _ in loader] for _ in range(2)]  # one image of each batch, a view
+    for got, ref in zip(views, want):
+        assert all(torch.equal(v, x[1]) for v, (x, _) in zip(got, ref))
+    assert loader.stats()["batch_buffers"] == 2 * len(loader)
+
+
+def test_an_epoch_left_unfinished_frees_its_in_flight_buffers(tiny_root):
+    loader = _loader(tiny_root, WORKERS, persistent_workers=True)
+    for _ in range(8):
+        for _batch in loader:
+            break  # the batches already prefetched are drained and dropped by torch
+    assert loader.stats()["batch_buffers"] <= WORKERS * SLOTS
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")  # no accelerator here
+def test_pin_memory_gives_the_same_batches(tiny_root):
+    want = _reference(tiny_root, 2)
+    loader = _loader(tiny_root, WORKERS, pin_memory=True)
+    for e in range(2):
+        _same([(x.clone(), y.clone()) for x, y in loader], want[e])
+
+
+def test_a_custom_collate_gets_no_pool(tiny_root):
+    ds = coordl.ImageFolder(tiny_root, transform="train", size=32)
+    loader = coordl.DataLoader(ds, batch_size=BATCH, num_workers=WORKERS,
+                               collate_fn=lambda b: torch.stack([x for x, _ in b]))
+    assert sum(len(x) for x in loader) == len(ds)
+    assert ds.batch_pool is None
