@@ -5,7 +5,7 @@ for it three times: the kernel allocates and zeroes every page (torch's
 `_new_shared` fallocates), the worker takes a page fault on each page as it
 writes the first image into it, and the training process maps the buffer
 anew and faults again when it reads it. For 224x224 images that is ~0.17 ms
-an image, ~9% of coordl's whole per-image cost (bench/results/steps-*.md).
+an image, ~9% of coordl's whole per-image cost (bench/results/steps-photo.md).
 
 So each worker keeps a few buffers ("slots") and writes a batch into one
 the training process no longer uses. Who may touch a slot is one byte in a

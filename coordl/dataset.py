@@ -143,20 +143,27 @@ class ImageFolder(torch.utils.data.Dataset):
     def prep(self, raw, i: int, epoch: int | None = None, out: np.ndarray | None = None):
         """Decode and augment item i's bytes: (uint8 tensor (3, size, size), label)."""
         epoch = self.epoch if epoch is None else epoch
+        if self.transform in _TRANSFORMS:
+            return torch.from_numpy(self.prep_into(raw, i, epoch, out)).permute(2, 0, 1), self._target(i)
+        self.counters.add(decodes=1)
+        try:
+            img = cpu.decode(raw)
+        except SampleError as e:
+            raise self._sample_error(i, e) from None
+        return (img if self.transform is None else self.transform(img)), self._target(i)
+
+    def prep_into(self, raw, i: int, epoch: int, out: np.ndarray | None) -> np.ndarray:
+        """The "train"/"val" pixels of item i as uint8 (size, size, 3), written into `out` if given."""
         self.counters.add(decodes=1)
         try:
             if self.transform == "train":
-                pixels = cpu.train(raw, self.size, crop.item_rng(self.seed, epoch, i), out=out)
-            elif self.transform == "val":
-                pixels = cpu.val(raw, self.size, out=out)
-            else:
-                img = cpu.decode(raw)
-                sample = img if self.transform is None else self.transform(img)
-                return sample, self._target(i)
+                return cpu.train(raw, self.size, crop.item_rng(self.seed, epoch, i), out=out)
+            return cpu.val(raw, self.size, out=out)
         except SampleError as e:
-            raise SampleError(f"{self.manifest.path(i)}: {e}: replace or remove the file, "
-                              "or pass on_error='skip'") from None
-        return torch.from_numpy(pixels).permute(2, 0, 1), self._target(i)
+            raise self._sample_error(i, e) from None
+
+    def _sample_error(self, i: int, e: SampleError) -> SampleError:
+        return SampleError(f"{self.manifest.path(i)}: {e}: replace or remove the file, or pass on_error='skip'")
 
     def _target(self, i: int):
         label = int(self.manifest.labels[i])
@@ -185,7 +192,7 @@ class ImageFolder(torch.utils.data.Dataset):
             kept: list[int] = []
             for i in indices:
                 n = len(kept)
-                if self._try(lambda i=i, n=n: self.prep(self.fetch(i), i, epoch, out=pixels[n])) is None:
+                if self._try(lambda i=i, n=n: self.prep_into(self.fetch(i), i, epoch, pixels[n])) is None:
                     continue
                 labels[n] = self.manifest.labels[i]
                 kept.append(int(i))

@@ -27,7 +27,7 @@ def item_rng(seed: int, epoch: int, index: int) -> random.Random:
     platform and Python version `random` keeps its seeding stable for. Python's
     `random.Random` because a crop takes a handful of draws: creating it and
     drawing costs ~8 us an item, numpy's SeedSequence + PCG64 + Generator
-    calls ~30-90 us (bench/results/levers-rng.md).
+    calls ~75 us more (bench/results/steps-photo.md).
     """
     return random.Random(((seed & _MASK64) << 128) | ((epoch & _MASK64) << 64) | (index & _MASK64))
 

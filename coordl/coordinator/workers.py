@@ -78,7 +78,7 @@ def _prep_rows(dataset, plan: Plan, ring: Ring, task: p.PrepTask) -> int:
     row = task.lo
     for item in items.tolist():
         try:
-            dataset.prep(dataset.fetch(item), item, epoch, out=images[row])
+            dataset.prep_into(dataset.fetch(item), item, epoch, images[row])
         except SampleError:
             if dataset.on_error != "skip":
                 raise
