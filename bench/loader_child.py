@@ -56,17 +56,28 @@ def _rss(pid: int) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _private(pid: int) -> int:
+    """RssAnon: resident private memory (no shared-memory batch buffers, no mapped files)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def _memory() -> dict:
-    """RSS of this process and of each live child (the loader's workers)."""
+    """RSS (and private RSS) of this process and of each live child (the loader's workers)."""
     import psutil
 
     kids = [p.pid for p in psutil.Process().children() if p.is_running()]
-    out = {"main": _rss(os.getpid()), "workers": []}
+    out = {"main": _rss(os.getpid()), "workers": [], "workers_private": []}
     for pid in kids:
         try:
-            out["workers"].append(_rss(pid))
+            rss, private = _rss(pid), _private(pid)
         except OSError:
-            pass
+            continue
+        out["workers"].append(rss)
+        out["workers_private"].append(private)
     return out
 
 

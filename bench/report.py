@@ -64,7 +64,11 @@ def _rss_line(loader: dict) -> str:
         main = [e["main"] / 2**20 for e in per]
         return f"main {main[0]:.0f} -> {main[-1]:.0f} MiB"
     first, last = per[0]["workers"], per[-1]["workers"]
-    return ", ".join(f"{a / 2**20:.0f} -> {b / 2**20:.0f}" for a, b in zip(first, last)) + " MiB"
+    text = ", ".join(f"{a / 2**20:.0f} -> {b / 2**20:.0f}" for a, b in zip(first, last)) + " MiB"
+    if per[0].get("workers_private"):
+        first, last = per[0]["workers_private"], per[-1]["workers_private"]
+        text += " (private " + ", ".join(f"{a / 2**20:.0f} -> {b / 2**20:.0f}" for a, b in zip(first, last)) + ")"
+    return text
 
 
 def loaders_markdown(r: dict) -> str:
@@ -80,7 +84,9 @@ def loaders_markdown(r: dict) -> str:
         "images/s of a loader = images / (epoch seconds + CPU seconds it used between its epochs "
         "/ cores); floor = full-decode images/s on one core x cores. CPU ms/image = user+system "
         "CPU of the loader's process and its workers per image (less sensitive to other tenants "
-        "than images/s).",
+        "than images/s). Worker RSS includes shared-memory batch buffers a worker keeps for reuse "
+        "(coordl: at most prefetch_factor + 3 per worker, so it can grow by a few buffers until the "
+        "pool is full); private = RssAnon, the worker's own memory.",
         "",
         "| loader | median images/s | min | max | coordl / this (median of per-round ratios) "
         "| CPU ms/image (all processes) | worker RSS first -> last epoch |",

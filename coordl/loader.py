@@ -10,6 +10,10 @@ it additionally:
   is a pure function of (seed, epoch, item) even in persistent workers;
 - collates the dataset's prepared batch without a copy: uint8 (B, 3, H, W)
   in channels_last memory format and int64 labels;
+- lets each worker reuse a batch's shared-memory buffer once no tensor in the
+  training process refers to that batch any more (coordl/buffers.py). A batch
+  you keep stays yours; one you hand to *another process* (a multiprocessing
+  queue) is not tracked there: clone() it first, or pass ``reuse_buffers=False``;
 - sums counters over all worker processes: `stats()`;
 - with ``cache="8GiB"`` (or a `coordl.MinIOCache`), serves items through the
   node-wide MinIO cache and reads storage without filling the page cache
@@ -168,6 +172,7 @@ class DataLoader(torch.utils.data.DataLoader):
         cache=None,
         drop_page_cache: bool | None = None,
         coordinator: str | None = None,
+        reuse_buffers: bool = True,
     ) -> None:
         coordl_ds = is_coordl_dataset(dataset)
         batched = batch_size is not None or batch_sampler is not None
@@ -180,6 +185,7 @@ class DataLoader(torch.utils.data.DataLoader):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         self._coordl_dataset = coordl_ds
+        self.reuse_buffers = bool(reuse_buffers)
         self._next_epoch = 0
         self.epoch = -1
         self._counters = Counters(num_workers)
@@ -200,8 +206,8 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _get_iterator(self):
         # a new set of worker processes starts here: give them a new pool of batch buffers
-        if (self._coordl_dataset and self.num_workers > 0 and self.collate_fn is collate
-                and self._auto_collation):
+        if (self._coordl_dataset and self.reuse_buffers and self.num_workers > 0
+                and self.collate_fn is collate and self._auto_collation):
             self.dataset.batch_pool = BatchPool(self.num_workers, self.prefetch_factor + EXTRA_SLOTS)
             return _PooledIter(self, self.dataset.batch_pool)
         return super()._get_iterator()

@@ -97,3 +97,10 @@ def test_a_custom_collate_gets_no_pool(tiny_root):
                                collate_fn=lambda b: torch.stack([x for x, _ in b]))
     assert sum(len(x) for x in loader) == len(ds)
     assert ds.batch_pool is None
+
+
+def test_reuse_buffers_false_allocates_every_batch(tiny_root):
+    want = _reference(tiny_root, 1)
+    loader = _loader(tiny_root, WORKERS, reuse_buffers=False)
+    _same([(x.clone(), y.clone()) for x, y in loader], want[0])
+    assert loader.stats()["batch_buffers"] == len(loader)
