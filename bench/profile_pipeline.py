@@ -20,15 +20,17 @@ import time
 
 # (stage, predicate on (file, function name)), first match wins
 STAGES = [
-    ("entropy decode + IDCT + colour (libjpeg-turbo)", lambda f, n: "ImagingDecoder" in n and "decode" in n),
+    ("entropy decode + IDCT + colour (libjpeg-turbo)", lambda f, n: "ImagingDecoder" in n and "decode" in n
+     or "_jpegroi.decode" in n),
     ("resize crop -> 224 (bilinear, antialiased)", lambda f, n: "ImagingCore" in n and "resize" in n),
     ("copy out (tobytes, numpy copy + flip)", lambda f, n: "tobytes" in n or "ImagingEncoder" in n
      or n.endswith("encode}") or "frombuffer" in n),
     ("read file (storage)", lambda f, n: "read_file" in n or "io.open" in n or "posix.read" in n
      or ".read of" in n or "readinto" in n or "fadvise" in n or "posix.open" in n),
-    ("JPEG header parse (Image.open)", lambda f, n: "JpegImagePlugin" in f or "ImageFile" in f
+    ("JPEG header parse (Image.open, _jpegroi.header)", lambda f, n: "_jpegroi.header" in n
+     or "JpegImagePlugin" in f or "ImageFile" in f
      or "Image.py" in f and "open" in n or "_open" in n),
-    ("augmentation RNG (SeedSequence, PCG64, draws)", lambda f, n: "SeedSequence" in n or "PCG64" in n
+    ("augmentation RNG + crop box (random.Random)", lambda f, n: "item_rng" in n or "random_resized_crop_box" in n
      or "Generator" in n or "uniform" in n or "integers" in n or "random" in n),
     ("new image buffers (Image.core.new/fill)", lambda f, n: "core.fill" in n or "core.new" in n
      or "built-in method fill" in n or "built-in method new" in n),
@@ -53,12 +55,12 @@ def run(root: str, files: int, cpu_id: int) -> dict:
 
     out = np.empty((ds.size, ds.size, 3), np.uint8)
     for i in idx[:20]:
-        ds.prep(ds.fetch(i), i, 0, out=out)
+        ds.prep_into(ds.fetch(i), i, 0, out)
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
     for i in idx:
-        ds.prep(ds.fetch(i), i, 0, out=out)
+        ds.prep_into(ds.fetch(i), i, 0, out)
     prof.disable()
     wall = time.perf_counter() - t0
     stats = pstats.Stats(prof)
