@@ -8,6 +8,9 @@ order from the second epoch on), with a run that holds every batch and so
 cannot reuse any buffer.
 """
 
+import gc
+import shutil
+
 import pytest
 import torch
 
@@ -104,3 +107,30 @@ def test_reuse_buffers_false_allocates_every_batch(tiny_root):
     loader = _loader(tiny_root, WORKERS, reuse_buffers=False)
     _same([(x.clone(), y.clone()) for x, y in loader], want[0])
     assert loader.stats()["batch_buffers"] == len(loader)
+
+
+def test_a_batch_that_raises_gives_its_buffer_back(tmp_path, tiny_root):
+    root = tmp_path / "bad"
+    shutil.copytree(tiny_root, root)
+    (root / "class_0001" / "text.jpg").write_text("not a JPEG\n")
+    ds = coordl.ImageFolder(root, transform="train", size=32)  # on_error="raise"
+    loader = coordl.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True)
+    errors = images = 0
+    for _ in range(4):
+        it = iter(loader)
+        while True:
+            try:
+                x, _y = next(it)
+            except StopIteration:
+                break
+            except coordl.SampleError as e:
+                assert "text.jpg" in str(e)
+                errors += 1
+                continue
+            images += len(x)
+    assert errors == 4 and images == 4 * (len(ds) - BATCH)  # the bad file's batch fails whole
+    assert loader.stats()["batch_buffers"] <= WORKERS * SLOTS
+    # torch's own iterator is kept in a reference cycle by a re-raised worker exception (plain
+    # torch.utils.data.DataLoader does the same); the cycle collector ends its workers
+    del it, loader
+    gc.collect()
