@@ -51,7 +51,9 @@ def run_demo(root: str, images: int, batch_size: int, workers: int, epochs: int,
     theirs = time_epochs(base, epochs)
     del base
     a, b = statistics.median(ours), statistics.median(theirs)
-    click.echo(f"\n  coordl        {a:8.0f} images/s")
-    click.echo(f"  {'torch+' + pil:<14}{b:8.0f} images/s   (bench/loaders.py also runs plain Pillow and DALI)")
-    click.echo(f"  ratio         {a / b:8.2f}x  (median of {epochs} epochs each, {os.cpu_count()} cores)")
+    theirs_label = "torch+" + pil
+    width = max(len(theirs_label), len("coordl")) + 2
+    click.echo(f"\n  {'coordl':<{width}}{a:8.0f} images/s")
+    click.echo(f"  {theirs_label:<{width}}{b:8.0f} images/s   (bench/loaders.py also runs plain Pillow and DALI)")
+    click.echo(f"  {'ratio':<{width}}{a / b:8.2f}x  (median of {epochs} epochs each, {os.cpu_count()} cores)")
     return {"coordl": a, "torch": b}
