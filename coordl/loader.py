@@ -119,7 +119,11 @@ class _PooledIter(_MultiProcessingDataLoaderIter):
         super().__init__(loader)
 
     def _reset(self, loader, first_iter: bool = False) -> None:
-        # persistent workers: torch drains the batches of an epoch left unfinished and drops them
+        # persistent workers, an epoch left unfinished: torch drops the batches it holds out of
+        # order (_task_info) and drains and drops those still in flight (_get_data below)
+        for info in getattr(self, "_task_info", {}).values():
+            if len(info) == 2:
+                self._discard(info[1])
         self._discarding = not first_iter
         try:
             super()._reset(loader, first_iter)
@@ -128,10 +132,14 @@ class _PooledIter(_MultiProcessingDataLoaderIter):
 
     def _get_data(self):
         idx, data = super()._get_data()
-        slot = getattr(data, "slot", None)
-        if self._discarding and slot is not None:
-            self._lender.discarded(*slot)
+        if self._discarding:
+            self._discard(data)
         return idx, data
+
+    def _discard(self, data) -> None:
+        slot = getattr(data, "slot", None)
+        if slot is not None:
+            self._lender.discarded(*slot)
 
     def __next__(self):
         self._lender.release_unused()
