@@ -72,6 +72,30 @@ struct roi_state {
     JSAMPROW rows[16];
 };
 
+/* A zeroed state for `view`'s bytes with the error handlers set; on failure releases `view`,
+   sets the Python error and returns NULL. The caller still calls setjmp(st->err.jump). */
+static struct roi_state *roi_new_state(Py_buffer *view)
+{
+    struct roi_state *st;
+
+    if (view->len < 4 || (unsigned long long)view->len > 0xFFFFFFFFull) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "Not a JPEG file: too short or too long");
+        return NULL;
+    }
+    st = (struct roi_state *)PyMem_Calloc(1, sizeof(*st));
+    if (st == NULL) {
+        PyBuffer_Release(view);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    st->cinfo.err = jpeg_std_error(&st->err.pub);
+    st->err.pub.error_exit = roi_error_exit;
+    st->err.pub.emit_message = roi_emit_message;
+    st->err.pub.output_message = roi_output_message;
+    return st;
+}
+
 static PyObject *roi_decode(PyObject *self, PyObject *args)
 {
     Py_buffer view;
@@ -91,21 +115,9 @@ static PyObject *roi_decode(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "decode: bad scale, channels or region");
         return NULL;
     }
-    if (view.len < 4 || (unsigned long long)view.len > 0xFFFFFFFFull) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "Not a JPEG file: too short or too long");
+    st = roi_new_state(&view);
+    if (st == NULL)
         return NULL;
-    }
-    st = (struct roi_state *)PyMem_Calloc(1, sizeof(*st));
-    if (st == NULL) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
-
-    st->cinfo.err = jpeg_std_error(&st->err.pub);
-    st->err.pub.error_exit = roi_error_exit;
-    st->err.pub.emit_message = roi_emit_message;
-    st->err.pub.output_message = roi_output_message;
 
     if (setjmp(st->err.jump)) {
         /* libjpeg failed: st->err.message says why. */
@@ -218,20 +230,9 @@ static PyObject *roi_header(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "y*:header", &view))
         return NULL;
-    if (view.len < 4 || (unsigned long long)view.len > 0xFFFFFFFFull) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "Not a JPEG file: too short or too long");
+    st = roi_new_state(&view);
+    if (st == NULL)
         return NULL;
-    }
-    st = (struct roi_state *)PyMem_Calloc(1, sizeof(*st));
-    if (st == NULL) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
-    st->cinfo.err = jpeg_std_error(&st->err.pub);
-    st->err.pub.error_exit = roi_error_exit;
-    st->err.pub.emit_message = roi_emit_message;
-    st->err.pub.output_message = roi_output_message;
     if (setjmp(st->err.jump)) {
         if (st->created)
             jpeg_destroy_decompress(&st->cinfo);
