@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+import timing
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLAIN_PILLOW = os.path.join(os.path.dirname(HERE), ".venv", "plain-pillow")
 
@@ -117,33 +119,10 @@ def copy_costs(size: int = 224, n: int = 3000) -> dict:
 
 def measure(root: str, files: int, repeats: int, cpu_id: int, only: list[str] | None,
             chunk: int = 25) -> dict:
-    from coordl.manifest import scan
-
     os.sched_setaffinity(0, {cpu_id})
-    m = scan(root)
-    step = max(1, len(m) // files)
-    raws = []
-    for i in range(0, len(m), step)[:files]:
-        with open(m.path(i), "rb") as f:
-            raws.append(f.read())
+    raws = timing.sample_files(root, files)
     vs = {k: v for k, v in variants().items() if not only or k in only}
-    for fn in vs.values():  # warm-up
-        for i, raw in enumerate(raws[:20]):
-            fn(i, raw)
-    # Chunks of `chunk` files, every variant in turn on each chunk, `repeats`
-    # passes: on a shared machine the noise moves within seconds, so a ratio
-    # is only taken between variants timed a moment apart on the same files.
-    chunks = [range(k, min(k + chunk, len(raws))) for k in range(0, len(raws), chunk)]
-    times: dict[str, list[float]] = {k: [] for k in vs}
-    for _ in range(repeats):
-        for c in chunks:
-            for k, fn in vs.items():
-                t0 = time.process_time()
-                for i in c:
-                    fn(i, raws[i])
-                times[k].append((time.process_time() - t0) / len(c) * 1e3)
-    base = times.get("full-decode")
-    ratios = {k: [a / b for a, b in zip(v, base)] for k, v in times.items()} if base else {}
+    times, ratios = timing.interleaved(vs, raws, chunk, repeats)
     import PIL
 
     return {"pil": PIL.__version__, "files": len(raws), "chunk": chunk, "ms_per_image": times,

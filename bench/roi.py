@@ -23,7 +23,8 @@ import json
 import os
 import statistics
 import sys
-import time
+
+import timing
 
 
 def variants(size: int = 224) -> dict:
@@ -78,31 +79,12 @@ def variants(size: int = 224) -> dict:
 def measure(root: str, files: int, repeats: int, cpu_id: int, chunk: int = 25) -> dict:
     import PIL
 
-    from coordl.manifest import scan
     from coordl.pipelines import roi
 
     os.sched_setaffinity(0, {cpu_id})
-    m = scan(root)
-    step = max(1, len(m) // files)
-    raws = []
-    for i in range(0, len(m), step)[:files]:
-        with open(m.path(i), "rb") as f:
-            raws.append(f.read())
+    raws = timing.sample_files(root, files)
     vs, integrated = variants()
-    for fn in vs.values():  # warm-up
-        for i, raw in enumerate(raws[:20]):
-            fn(i, raw)
-    chunks = [range(k, min(k + chunk, len(raws))) for k in range(0, len(raws), chunk)]
-    times: dict[str, list[float]] = {k: [] for k in vs}
-    for _ in range(repeats):
-        for c in chunks:
-            for k, fn in vs.items():
-                t0 = time.process_time()
-                for i in c:
-                    fn(i, raws[i])
-                times[k].append((time.process_time() - t0) / len(c) * 1e3)
-    base = times["full-decode"]
-    ratios = {k: [a / b for a, b in zip(v, base)] for k, v in times.items()}
+    times, ratios = timing.interleaved(vs, raws, chunk, repeats)
     return {"pil": PIL.__version__, "libjpeg": roi._jpegroi.version(), "files": len(raws), "chunk": chunk,
             "repeats": repeats, "train_is_cpu_train": integrated, "ms_per_image": times,
             "ratio_to_full_decode": ratios}
