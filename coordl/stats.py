@@ -23,6 +23,10 @@ KEYS: tuple[str, ...] = (
     "cache_misses",    # items looked up in the cache and not found
     "cache_inserts",   # items this loader's processes added to the cache
     "batch_buffers",   # shared-memory batch buffers workers allocated (the rest reused one)
+    "local_hits",      # partitioned cache: items served by this server's own cache node
+    "remote_hits",     # partitioned cache: items served by another server's cache node
+    "remote_bytes",    # partitioned cache: bytes received from other servers' cache nodes
+    "remote_errors",   # partitioned cache: values refused (bad checksum/header) or nodes that failed
 )
 _INDEX = {k: i for i, k in enumerate(KEYS)}
 

@@ -19,16 +19,12 @@ first batch of an epoch, starts with that epoch.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from coordl.errors import ConfigError
-
-# Keeps the order's random stream apart from the items' augmentation streams,
-# which are SeedSequence((seed, epoch, item)) with no spawn key.
-_ORDER_KEY = (0x0DE5,)
+from coordl.sampling import epoch_order
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,7 @@ class Plan:
 
     def order(self, epoch: int) -> np.ndarray:
         """The item order of `epoch`: an int64 permutation of range(items) (read-only)."""
-        return _order(self.items, self.seed, self.shuffle, epoch)
+        return epoch_order(self.items, self.seed, epoch, self.shuffle)
 
     def epoch_of(self, g: int) -> int:
         return g // self.batches_per_epoch
@@ -89,14 +85,3 @@ class Plan:
     def served(self, epoch: int) -> bool:
         """Is `epoch` among the epochs this plan serves?"""
         return self.epochs is None or epoch < self.epochs
-
-
-@functools.lru_cache(maxsize=4)
-def _order(items: int, seed: int, shuffle: bool, epoch: int) -> np.ndarray:
-    if shuffle:
-        seq = np.random.SeedSequence((seed, epoch), spawn_key=_ORDER_KEY)
-        order = np.random.Generator(np.random.PCG64(seq)).permutation(items)
-    else:
-        order = np.arange(items, dtype=np.int64)
-    order.flags.writeable = False
-    return order

@@ -1,0 +1,68 @@
+"""The epoch plan shared by every part of coordl: pure functions of (seed, epoch).
+
+The order of an epoch is a permutation of the dataset that depends only on
+(items, seed, epoch) (`epoch_order`); a rank's share of it is a strided slice
+(`rank_share`) padded or truncated exactly as torch's `DistributedSampler`
+does. A local `coordl.DataLoader` over a coordl dataset, the coordinator
+daemon (coordinator/plan.py), resume and partitioned caching all call these
+two functions, so they agree on every batch without talking to each other.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .errors import ConfigError
+
+# Keeps the order's random stream apart from any other stream derived from (seed, epoch).
+_ORDER_KEY = (0x0DE5,)
+
+
+def epoch_order(items: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The item order of `epoch`: a read-only int64 permutation of range(items)."""
+    return _order(int(items), int(seed), bool(shuffle), int(epoch))
+
+
+@functools.lru_cache(maxsize=4)
+def _order(items: int, seed: int, shuffle: bool, epoch: int) -> np.ndarray:
+    if shuffle:
+        seq = np.random.SeedSequence((seed, epoch), spawn_key=_ORDER_KEY)
+        order = np.random.Generator(np.random.PCG64(seq)).permutation(items)
+    else:
+        order = np.arange(items, dtype=np.int64)
+    order.flags.writeable = False
+    return order
+
+
+def share_size(items: int, world_size: int, drop_last: bool = False) -> int:
+    """Items per rank, as `DistributedSampler.num_samples`."""
+    if drop_last and items % world_size:
+        return items // world_size
+    return -(-items // world_size)
+
+
+def rank_share(order: np.ndarray, rank: int, world_size: int, drop_last: bool = False) -> np.ndarray:
+    """Rank `rank`'s items of an epoch `order`, as `DistributedSampler` splits its own order:
+    pad by repeating the order's head (or, with `drop_last`, cut its tail) to a multiple of
+    `world_size`, then take every `world_size`-th item starting at `rank`."""
+    check_rank(rank, world_size)
+    if world_size == 1:
+        return order
+    n = share_size(len(order), world_size, drop_last)
+    total = n * world_size
+    if total <= len(order):
+        full = order[:total]
+    else:
+        pad = total - len(order)
+        full = np.concatenate([order, np.resize(order, pad)]) if len(order) else order
+    return full[rank:total:world_size]
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise ConfigError(f"world_size={world_size!r} must be an int >= 1 (the number of ranks)")
+    if not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise ConfigError(f"rank={rank!r} must be an int in [0, world_size={world_size}): "
+                          "the index of this process among the ranks")
