@@ -1,0 +1,417 @@
+"""Partitioned caching: each server's Redis node holds the items it owns; misses go to the owner.
+
+    cache = PartitionedCache(["redis://a:6390/0", "redis://b:6390/0", "redis://c:6390/0"], node_rank=1,
+                             capacity_per_node=16 * 2**30)
+    cache.open(fingerprint, n_items)      # done by coordl.DataLoader(cache=...)
+    hits = cache.get_many(batch, counters)  # {item: bytes} from whichever node owns each item
+    cache.put(i, raw)                       # admitted into i's owner, first touch until full
+
+Placement is rendezvous hashing of (fingerprint, item, node name)
+(cache/placement.py): every server computes the same owner with no metadata
+traffic, and a later run with another seed or world size reuses the cache. The
+first epoch therefore writes each item once to its owner, from whichever rank
+read it; from the second epoch on every item that fits the nodes' budgets
+comes from memory, this server's own or a peer's.
+
+Reads of this server's own node go through Redis as well (loopback TCP, or a
+``unix://`` URL), not through a second copy in a local MinIO segment: each
+item is held once, in one place, and the measured cost is small (README,
+"Partitioned caching": a 64-item batch of ~110 KiB JPEGs is one MGET of a few
+ms, against ~110 ms to decode it on one core).
+
+A batch's items are grouped by owner; each owner gets one pipelined MGET, the
+remote owners in parallel on a small thread pool while this thread reads the
+local node. Values carry a header (magic, item, length, xxh3 of the payload,
+`coordl.cache.checksum.digest`); a value that fails it is counted in
+``remote_errors``, treated as a miss and never served.
+
+Faults: every request has the client's `timeout`. A node that fails (refused,
+reset, timed out) is skipped for `retry_after` seconds, its items come from
+storage (the caller's misses), and it is tried again after that; nothing is
+raised to the training loop. A node whose memory is full (noeviction refuses
+the write: OOM) or whose `capacity_per_node` is reached admits nothing more;
+that is not an error.
+
+Admission is one Lua script per item on the owner (EVALSHA): write only if
+the key is absent and the dataset's bytes on that node stay within
+`capacity_per_node`, and count items and bytes in the dataset's meta hash
+``coordl:<fingerprint>:meta``, atomically with respect to every other writer.
+
+NOTE [lifecycle and processes]
+- Constructed in the training process: it connects to every node once, checks
+  each answers as Redis with a non-evicting policy, then drops nothing.
+- Forked workers: the first call in a new pid builds fresh clients and a fresh
+  thread pool (redis-py pools are not shared across processes; threads do not
+  survive fork). Spawned workers get the configuration by pickle
+  (`__getstate__`) and connect lazily, without re-checking.
+- coordl never flushes a node and touches only keys under
+  ``coordl:<fingerprint>:``; `drop` deletes exactly those (SCAN + UNLINK).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import struct
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from coordl.errors import CacheError, ConfigError
+
+from . import placement, redisnode
+from .checksum import digest
+
+HEADER = struct.Struct("<4sQQQ")   # magic, item, payload length, xxh3-64 of the payload
+MAGIC = b"CDL1"
+_SCHEMES = ("redis", "rediss", "unix")
+_COUNTS = ("local_hits", "remote_hits", "remote_bytes", "remote_errors")
+
+# KEYS: item key, meta key. ARGV: value, capacity (0: the server's maxmemory only), n_items, label.
+_ADMIT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local n = string.len(ARGV[1])
+local cap = tonumber(ARGV[2])
+if cap > 0 and tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0') + n > cap then return -1 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[2], 'bytes', n)
+redis.call('HINCRBY', KEYS[2], 'items', 1)
+redis.call('HSETNX', KEYS[2], 'n_items', ARGV[3])
+redis.call('HSETNX', KEYS[2], 'label', ARGV[4])
+redis.call('HSETNX', KEYS[2], 'capacity', ARGV[2])
+return 1
+"""
+
+
+def pack(item: int, raw: bytes | memoryview) -> bytes:
+    """A stored value: header + payload."""
+    return HEADER.pack(MAGIC, item, memoryview(raw).nbytes, digest(raw)) + bytes(raw)
+
+
+def unpack(item: int, value: bytes) -> memoryview | None:
+    """The payload of a stored value, or None when its header or checksum does not match `item`."""
+    if len(value) < HEADER.size:
+        return None
+    magic, it, n, check = HEADER.unpack_from(value)
+    payload = memoryview(value)[HEADER.size:]
+    if magic != MAGIC or it != item or n != payload.nbytes or digest(payload) != check:
+        return None
+    return payload
+
+
+class PartitionedCache:
+    """A dataset's items spread over the cache nodes of several servers; see the module docstring.
+
+    Args:
+        nodes: one Redis URL per server (``redis://[:password@]host:port/db``,
+            ``rediss://`` for TLS, ``unix:///path.sock``), the same list on every server.
+        node_rank: which entry of `nodes` is this server's own node.
+        capacity_per_node: bytes of values this dataset may hold on each node
+            (None: as much as the server's ``maxmemory`` allows).
+        timeout: seconds a node may take to connect or answer before it is skipped.
+        retry_after: seconds a node that failed is skipped before it is tried again.
+    """
+
+    def __init__(self, nodes: Sequence[str], node_rank: int, *, capacity_per_node: int | None = None,
+                 timeout: float = 0.25, retry_after: float = 5.0, _check: bool = True) -> None:
+        self.nodes, self.node_rank = _check_nodes(nodes), node_rank
+        if not (isinstance(node_rank, int) and 0 <= node_rank < len(self.nodes)):
+            raise ConfigError(f"node_rank={node_rank!r} must be an int in [0, {len(self.nodes)}): the index "
+                              "of this server's own node in nodes=")
+        if capacity_per_node is not None and not (isinstance(capacity_per_node, int) and capacity_per_node > 0):
+            raise ConfigError(f"capacity_per_node={capacity_per_node!r} must be a positive number of bytes or None")
+        for name, v in (("timeout", timeout), ("retry_after", retry_after)):
+            if not (isinstance(v, (int, float)) and v >= 0) or (name == "timeout" and v == 0):
+                raise ConfigError(f"{name}={v!r} must be a positive number of seconds")
+        self.capacity_per_node, self.timeout, self.retry_after = capacity_per_node, float(timeout), float(retry_after)
+        self.fingerprint: str | None = None
+        self._n, self._label, self._prefix = 0, "", ""
+        self._salts: np.ndarray | None = None
+        self._down_until = [0.0] * len(self.nodes)
+        self._full = [False] * len(self.nodes)
+        self._maxmemory = [0] * len(self.nodes)
+        self._pid = -1
+        self._connect()
+        if _check:
+            for j in range(len(self.nodes)):
+                self._check_node(j)
+
+    # -- connections (rebuilt in each process) --
+    def _connect(self) -> None:
+        redis = redisnode.redis_module()
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self._clients = [redis.Redis.from_url(url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
+                                              retry=Retry(NoBackoff(), 0), health_check_interval=0)
+                         for url in self.nodes]
+        self._scripts = [c.register_script(_ADMIT) for c in self._clients]
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+
+    def _client(self, j: int):
+        if self._pid != os.getpid():
+            self._connect()
+        return self._clients[j]
+
+    def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pid != os.getpid():
+            self._connect()
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(1, len(self.nodes) - 1), thread_name_prefix="coordl-partitioned")
+        return self._pool
+
+    def _check_node(self, j: int) -> None:
+        redis = redisnode.redis_module()
+        url, shown = self.nodes[j], redisnode.redact(self.nodes[j])
+        try:
+            info = redisnode.read_info(self._client(j))
+        except redis.AuthenticationError as e:
+            raise ConfigError(f"cache node {shown}: authentication failed ({e}): put the node's password in "
+                              "the URL, redis://:PASSWORD@host:port/0 (see --password-file of "
+                              "`coordl cache-node start`)") from None
+        except redis.ResponseError as e:
+            if "NOAUTH" in str(e) or "WRONGPASS" in str(e):
+                raise ConfigError(f"cache node {shown}: {e}: put the node's password in the URL, "
+                                  "redis://:PASSWORD@host:port/0") from None
+            raise ConfigError(f"cache node {shown} refused INFO ({e}): coordl needs INFO to check the "
+                              "server's eviction policy; allow it for this user") from None
+        except redis.TimeoutError:
+            raise ConfigError(f"cache node {shown} did not answer within timeout={self.timeout}s: check the "
+                              "host and port, that a firewall lets the port through, or raise timeout=") from None
+        except redis.ConnectionError as e:
+            raise ConfigError(f"cache node {shown}: {_why(e)}") from None
+        except redis.RedisError as e:  # a reply that is not RESP: not a Redis server
+            raise ConfigError(f"cache node {shown} does not answer as a Redis server ({e}): check the URL's "
+                              "host and port (a cache node is started with `coordl cache-node start`)") from None
+        redisnode.check_server(url, info, self.capacity_per_node)
+        self._maxmemory[j] = int(info.get("maxmemory", 0))
+
+    # -- opening --
+    @property
+    def is_open(self) -> bool:
+        return self.fingerprint is not None
+
+    def open(self, fingerprint: str, n_items: int, label: str = "") -> PartitionedCache:
+        """Serve dataset `fingerprint` (n_items items); nothing is written until the first put."""
+        if self.fingerprint is not None and self.fingerprint != fingerprint:
+            raise ConfigError(f"this PartitionedCache already serves dataset {self.fingerprint[:16]}; "
+                              "make one PartitionedCache per dataset")
+        names = [redisnode.node_name(u) for u in self.nodes]
+        self.fingerprint, self._n, self._label = fingerprint, int(n_items), label
+        self._prefix = f"{redisnode.KEY_PREFIX}{fingerprint[:32]}:"
+        self._salts = placement.node_salts(fingerprint, names)
+        return self
+
+    def key(self, i: int) -> str:
+        """The Redis key of item i (under ``coordl:<fingerprint>:``)."""
+        return f"{self._prefix}{i}"
+
+    @property
+    def meta_key(self) -> str:
+        return f"{self._prefix[:-1]}{redisnode.META_SUFFIX}"
+
+    def owner(self, i: int) -> int:
+        """The index in `nodes` of the node that owns item i."""
+        return placement.node_of_item(self._require_open(), i)
+
+    def _require_open(self) -> np.ndarray:
+        if self._salts is None:
+            raise CacheError("the PartitionedCache is not open: pass it to coordl.DataLoader(cache=...) "
+                             "or call cache.open(fingerprint, n_items)")
+        return self._salts
+
+    def _check_item(self, i: int) -> None:
+        if not 0 <= i < self._n:
+            raise IndexError(f"item {i} is out of range for a cache of {self._n} items")
+
+    # -- node health --
+    def _usable(self, j: int, now: float) -> bool:
+        return now >= self._down_until[j]
+
+    def _failed(self, j: int) -> None:
+        self._down_until[j] = time.monotonic() + self.retry_after
+        self._full[j] = False  # when it answers again it may be a fresh, empty server
+
+    # -- reads --
+    def get_many(self, indices: Iterable[int], counters: Any = None) -> dict[int, memoryview]:
+        """{item: bytes} for the items of `indices` that some node serves; the rest are misses."""
+        items = np.fromiter((int(i) for i in indices), dtype=np.int64)
+        if not len(items):
+            return {}
+        for i in (items.min(), items.max()):
+            self._check_item(int(i))
+        owner = placement.owners(self._require_open(), items)
+        now = time.monotonic()
+        groups = {int(j): items[owner == j].tolist() for j in np.unique(owner) if self._usable(int(j), now)}
+        local = groups.pop(self.node_rank, None)
+        futures = [(j, self._threads().submit(self._mget, j, its)) for j, its in groups.items()]
+        tally = dict.fromkeys(_COUNTS, 0)
+        hits: dict[int, memoryview] = {}
+        if local is not None:
+            self._collect(local, self._mget(self.node_rank, local), hits, tally, "local_hits", False)
+        for j, fut in futures:
+            self._collect(groups[j], fut.result(), hits, tally, "remote_hits", True)
+        if counters is not None:
+            counters.add(**tally)
+        return hits
+
+    def get(self, i: int, counters: Any = None) -> memoryview | None:
+        """Item i's bytes from its owner, or None (a miss, an unusable node or a bad value)."""
+        return self.get_many([i], counters).get(int(i))
+
+    def _mget(self, j: int, items: list[int]) -> list | None:
+        """The raw values of `items` on node j in one MGET; None when the node failed."""
+        redis = redisnode.redis_module()
+        try:
+            return self._client(j).mget([self.key(i) for i in items])
+        except redis.RedisError:
+            self._failed(j)
+            return None
+
+    def _collect(self, items: list[int], values: list | None, hits: dict, tally: dict,
+                 kind: str, remote: bool) -> None:
+        if values is None:
+            tally["remote_errors"] += 1
+            return
+        for i, value in zip(items, values):
+            if value is None:
+                continue
+            payload = unpack(i, value)
+            if payload is None:
+                tally["remote_errors"] += 1
+                continue
+            hits[i] = payload
+            tally[kind] += 1
+            if remote:
+                tally["remote_bytes"] += payload.nbytes
+
+    # -- writes --
+    def put(self, i: int, raw: bytes | memoryview) -> bool:
+        """Offer item i's bytes to its owner; True when admitted (first touch, while it has room)."""
+        self._check_item(i)
+        j = self.owner(i)
+        if self._full[j] or not self._usable(j, time.monotonic()) or memoryview(raw).nbytes == 0:
+            return False
+        redis = redisnode.redis_module()
+        if self._pid != os.getpid():
+            self._connect()
+        try:
+            done = self._scripts[j](keys=[self.key(i), self.meta_key],
+                                    args=[pack(i, raw), self.capacity_per_node or 0, self._n, self._label],
+                                    client=self._clients[j])
+        except redis.ResponseError as e:
+            if "OOM" not in str(e) and "maxmemory" not in str(e):
+                raise CacheError(f"cache node {redisnode.redact(self.nodes[j])} refused a write: {e}") from None
+            self._full[j] = True  # noeviction at maxmemory: admission stops there, not an error
+            return False
+        except redis.RedisError:
+            self._failed(j)
+            return False
+        return int(done) == 1
+
+    # -- state --
+    def stats(self) -> dict[str, int]:
+        """This server's node: cache_bytes and cache_items of this dataset, cache_capacity, the node's
+        used memory and maxmemory, and how many nodes this process is skipping now."""
+        j = self.node_rank
+        now = time.monotonic()
+        cap = self.capacity_per_node or self._maxmemory[j]
+        out = {"cache_bytes": 0, "cache_items": 0, "cache_capacity": cap, "node_used_memory": 0,
+               "node_maxmemory": self._maxmemory[j],
+               "nodes_down": sum(not self._usable(k, now) for k in range(len(self.nodes)))}
+        if self._salts is None or not self._usable(j, now):
+            return out
+        redis = redisnode.redis_module()
+        try:
+            client = self._client(j)
+            nbytes, nitems = client.hmget(self.meta_key, "bytes", "items")
+            mem = client.info("memory")
+        except redis.RedisError:
+            self._failed(j)
+            return out
+        out.update(cache_bytes=int(nbytes or 0), cache_items=int(nitems or 0),
+                   node_used_memory=int(mem.get("used_memory", 0)), node_maxmemory=int(mem.get("maxmemory", 0)))
+        return out
+
+    def drop(self) -> int:
+        """Delete this dataset's keys (and only those) from every node that answers; keys deleted."""
+        self._require_open()
+        redis = redisnode.redis_module()
+        deleted = 0
+        for j in range(len(self.nodes)):
+            try:
+                client = self._client(j)
+                batch = []
+                for key in client.scan_iter(match=f"{_glob_escape(self._prefix)}*", count=1000):
+                    batch.append(key)
+                    if len(batch) >= 1000:
+                        deleted += client.unlink(*batch)
+                        batch = []
+                if batch:
+                    deleted += client.unlink(*batch)
+            except redis.RedisError:
+                self._failed(j)
+        return deleted
+
+    def close(self) -> None:
+        """Close connections and the thread pool of this process."""
+        if self._pid == os.getpid():
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            for c in self._clients:
+                c.close()
+        self._pool = None
+
+    def __getstate__(self) -> dict:
+        """Spawned workers get the configuration (URLs, which may carry the password) by pickle."""
+        return {"nodes": self.nodes, "node_rank": self.node_rank, "capacity_per_node": self.capacity_per_node,
+                "timeout": self.timeout, "retry_after": self.retry_after, "fingerprint": self.fingerprint,
+                "n": self._n, "label": self._label, "maxmemory": self._maxmemory}
+
+    def __setstate__(self, state: dict) -> None:
+        PartitionedCache.__init__(self, state["nodes"], state["node_rank"],
+                                  capacity_per_node=state["capacity_per_node"], timeout=state["timeout"],
+                                  retry_after=state["retry_after"], _check=False)
+        self._maxmemory = list(state["maxmemory"])
+        if state["fingerprint"] is not None:
+            self.open(state["fingerprint"], state["n"], state["label"])
+
+    def __repr__(self) -> str:
+        nodes = ", ".join(redisnode.redact(u) for u in self.nodes)
+        return f"PartitionedCache(nodes=[{nodes}], node_rank={self.node_rank})"
+
+
+def _check_nodes(nodes: Sequence[str]) -> list[str]:
+    if isinstance(nodes, str) or not isinstance(nodes, Sequence) or not nodes:
+        raise ConfigError(f"nodes={nodes!r} must be a non-empty list of Redis URLs, one per server, "
+                          "e.g. ['redis://host1:6390/0', 'redis://host2:6390/0']")
+    out = []
+    for url in nodes:
+        scheme = url.partition("://")[0] if isinstance(url, str) and "://" in url else None
+        if scheme not in _SCHEMES:
+            raise ConfigError(f"nodes entry {url!r} is not a Redis URL: use redis://[:password@]host:port/db, "
+                              "rediss://... (TLS) or unix:///path/to/redis.sock")
+        out.append(url)
+    names = [redisnode.node_name(u) for u in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"nodes= lists the same node twice: {[redisnode.redact(u) for u in out]}")
+    return out
+
+
+def _why(e: Exception) -> str:
+    text = str(e)
+    low = text.lower()
+    if "name or service not known" in low or "name resolution" in low or "nodename nor servname" in low:
+        return f"unknown host ({text}): check the host name in the URL"
+    if "refused" in low:
+        return (f"connection refused ({text}): nothing listens there; start a node with "
+                "`coordl cache-node start --port PORT` on that server, or fix the URL's port")
+    return f"cannot connect ({text}): check the URL, or start the node with `coordl cache-node start`"
+
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
