@@ -50,16 +50,19 @@ class MinIOCache(minio.MinIOCache):
         super().__init__(parse_size(capacity, "capacity"), directory=directory, name=name)
 
 
-def cache_for(dataset: Any, cache: int | str | minio.MinIOCache) -> minio.MinIOCache:
-    """Open (attach to or create) the cache of `dataset` on this node."""
+def cache_for(dataset: Any, cache: Any) -> Any:
+    """Open (attach to or create) the cache of `dataset` on this node.
+
+    `cache` is a size (a node-wide MinIO cache of that capacity), a `MinIOCache`, or any
+    cache with the same `open(fingerprint, items, label=)` (a `coordl.PartitionedCache`).
+    """
     fingerprint = getattr(dataset, "fingerprint", None)
     if not isinstance(fingerprint, str):
         raise ConfigError(f"cache= needs a dataset with a `fingerprint` (e.g. coordl.ImageFolder); "
                           f"{type(dataset).__name__} has none: pass cache=None")
-    if not isinstance(cache, minio.MinIOCache):
-        size = parse_size(cache, "cache")
-        current = getattr(dataset, "cache", None)
-        if isinstance(current, minio.MinIOCache) and current.is_open and current.fingerprint == fingerprint:
-            return current  # another loader on the same dataset object: one attachment is enough
-        cache = MinIOCache(size)
+    if isinstance(cache, (int, str)) and not isinstance(cache, bool):
+        cache = MinIOCache(parse_size(cache, "cache"))
+    elif not callable(getattr(cache, "open", None)):
+        raise ConfigError(f"cache={cache!r} is not a cache: pass a size such as '8GiB', a "
+                          "coordl.MinIOCache or a coordl.PartitionedCache")
     return cache.open(fingerprint, len(dataset), label=str(getattr(dataset, "root", "")))

@@ -18,6 +18,7 @@ workers need no message to learn it.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,16 @@ from .manifest import IMG_EXTENSIONS, scan
 from .stats import Counters
 
 _TRANSFORMS = ("train", "val")
+
+
+class _NoCounters:
+    """Counts nothing: a dataset used outside a coordl.DataLoader has no shared counter block."""
+
+    def add(self, **amounts: int) -> None:
+        pass
+
+
+_NO_COUNTERS = _NoCounters()
 _ON_ERROR = ("raise", "skip")
 
 
@@ -49,7 +60,39 @@ class PreparedBatch(list):
         self.images, self.labels, self.indices, self.slot = images, labels, indices, slot
 
 
-class ImageFolder(torch.utils.data.Dataset):
+class CoordlDataset(torch.utils.data.Dataset):
+    """The marker of a dataset that `coordl.DataLoader` may bind, cache and coordinate.
+
+    Subclasses split an item into ``fetch(i) -> bytes`` (storage or a cache) and
+    ``prep(raw, i, epoch) -> sample`` (decode + augment), take ``set_epoch``, and
+    implement `bind`. A user dataset that merely has methods of those names is
+    *not* one: coordl.DataLoader treats it exactly as torch does.
+    """
+
+    seed: int = 0
+
+    def fetch(self, i: int):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def prep(self, raw, i: int, epoch: int | None = None, out=None):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def bind(self, *, counters: Counters, cache: Any = None, drop_page_cache: bool = False):
+        """A light copy of this dataset that counts into `counters` and reads through `cache`.
+
+        The copy shares everything read-only (the manifest arrays); the loader owns it and
+        may set its batch pool and epoch. The dataset the user passed is never changed.
+        """
+        bound = copy.copy(self)
+        bound.counters, bound.cache, bound.drop_page_cache = counters, cache, bool(drop_page_cache)
+        bound.batch_pool = None
+        return bound
+
+
+class ImageFolder(CoordlDataset):
     """A map-style dataset over ``root/<class>/<image>`` with torchvision's semantics.
 
     Args:
@@ -90,10 +133,11 @@ class ImageFolder(torch.utils.data.Dataset):
         self.classes = list(self.manifest.classes)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.epoch = 0
-        self.counters = Counters(0)
-        self.cache: Any = None          # a MinIO cache, set by coordl.DataLoader(cache=...)
-        self.batch_pool: Any = None     # reusable worker batch buffers, set by coordl.DataLoader
-        self.drop_page_cache = False    # read storage without leaving pages behind
+        # What a loader's bound copy (`bind`) replaces; the user's object keeps these defaults.
+        self.counters: Any = _NO_COUNTERS  # coordl.stats.Counters of the loader
+        self.cache: Any = None             # a MinIO or partitioned cache
+        self.batch_pool: Any = None        # reusable worker batch buffers (coordl/buffers.py)
+        self.drop_page_cache = False       # read storage without leaving pages behind
 
     # -- torchvision attributes (built on demand: no per-item objects are kept) --
     @property
@@ -124,11 +168,18 @@ class ImageFolder(torch.utils.data.Dataset):
         """The encoded bytes of item i, from the cache when it holds them, else storage."""
         cache = self.cache
         if cache is not None:
-            hit = cache.get(i)
+            if hasattr(cache, "get_many"):  # partitioned: the cache counts its own hits
+                hit = cache.get_many([i], self.counters).get(i)
+            else:
+                hit = cache.get(i)
+                self.counters.add(**({"cache_hits": 1} if hit is not None else {"cache_misses": 1}))
             if hit is not None:
-                self.counters.add(cache_hits=1)
                 return hit
-            self.counters.add(cache_misses=1)
+        return self._read(i)
+
+    def _read(self, i: int) -> bytes:
+        """Item i from storage, offered to the cache."""
+        cache = self.cache
         path = self.manifest.path(i)
         try:
             raw = storage.read_file(path, drop_page_cache=self.drop_page_cache)
@@ -186,25 +237,49 @@ class ImageFolder(torch.utils.data.Dataset):
             self.counters.add(samples=len(out))
             return out
         images, slot = self._alloc_batch(len(indices))
+        labels = np.empty(len(indices), dtype=np.int64)
+        kept: list[int] = []
         try:
-            pixels = images.numpy()
-            labels = np.empty(len(indices), dtype=np.int64)
-            kept: list[int] = []
-            for i in indices:
-                n = len(kept)
-                if self._try(lambda i=i, n=n: self.prep_into(self.fetch(i), i, epoch, pixels[n])) is None:
-                    continue
-                labels[n] = self.manifest.labels[i]
-                kept.append(int(i))
+            self.prep_rows(indices, epoch, images.numpy(), labels, kept=kept)
         except BaseException:
             if slot is not None:
                 self.batch_pool.give_back(slot[1])
             raise
-        self.counters.add(samples=len(kept))
         n = len(kept)
         targets = torch.from_numpy(labels[:n]) if self.target_transform is None else \
             torch.utils.data.default_collate([self._target(i) for i in kept])
         return PreparedBatch(images[:n].permute(0, 3, 1, 2), targets, kept, slot)
+
+    def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
+                  ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:
+        """Fetch, decode and augment `indices` into rows 0.. of `images` (n, size, size, 3) uint8,
+        their labels into `labels` (and the items into `ids`); returns how many rows were kept.
+
+        The one fetch -> prep -> skip loop: a bad item raises `SampleError` naming its file or,
+        with on_error="skip", is counted and skipped, and the later rows move up. Used by
+        `__getitems__` and by the coordinator's prep workers.
+        """
+        cache = self.cache
+        hits = cache.get_many(indices, self.counters) if hasattr(cache, "get_many") else None
+        row = 0
+        for i in indices:
+            i = int(i)
+            raw = None if hits is None else hits.get(i)
+            try:
+                if raw is None:
+                    raw = self.fetch(i) if hits is None else self._read(i)
+                self.prep_into(raw, i, epoch, images[row])
+            except SampleError:
+                self._skip_or_raise()
+                continue
+            labels[row] = self.manifest.labels[i]
+            if ids is not None:
+                ids[row] = i
+            if kept is not None:
+                kept.append(i)
+            row += 1
+        self.counters.add(samples=row)
+        return row
 
     def _alloc_batch(self, n: int) -> tuple[torch.Tensor, tuple[int, int] | None]:
         """uint8 (n, size, size, 3) and its (worker, slot): in shared memory in a worker process,
@@ -227,10 +302,14 @@ class ImageFolder(torch.utils.data.Dataset):
         try:
             return work()
         except SampleError:
-            if self.on_error == "raise":
-                raise
-            self.counters.add(errors_skipped=1)
+            self._skip_or_raise()
             return None
+
+    def _skip_or_raise(self) -> None:
+        """Inside an `except SampleError`: re-raise it, or count it under on_error="skip"."""
+        if self.on_error == "raise":
+            raise  # noqa: PLE0704 (always called from an except block)
+        self.counters.add(errors_skipped=1)
 
     def __repr__(self) -> str:
         return (f"ImageFolder(root={self.root!r}, items={len(self)}, classes={len(self.classes)}, "

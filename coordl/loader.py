@@ -3,7 +3,9 @@
 It is an instance of torch's DataLoader and takes every one of its arguments
 with the same meaning; any dataset behaves exactly as under torch. With a
 coordl dataset (one that splits ``fetch``/``prep``, e.g. `coordl.ImageFolder`)
-it additionally:
+(a `coordl.dataset.CoordlDataset`) it works on a bound copy of it
+(`CoordlDataset.bind`: ``loader.dataset``), never on the object you passed, and
+additionally:
 
 - counts epochs (each ``iter(loader)`` is one; `set_epoch` to resume) and
   tags every batch of indices with its epoch (`EpochBatch`), so augmentation
@@ -15,9 +17,15 @@ it additionally:
   you keep stays yours; one you hand to *another process* (a multiprocessing
   queue) is not tracked there: clone() it first, or pass ``reuse_buffers=False``;
 - sums counters over all worker processes: `stats()`;
-- with ``cache="8GiB"`` (or a `coordl.MinIOCache`), serves items through the
-  node-wide MinIO cache and reads storage without filling the page cache
-  (``drop_page_cache``, on by default with a cache);
+- with ``cache="8GiB"`` (or a `coordl.MinIOCache`, or a `coordl.PartitionedCache`),
+  serves items through the node-wide MinIO cache (or the servers' Redis cache
+  nodes) and reads storage without filling the page cache (``drop_page_cache``,
+  on by default with a cache);
+- gives each rank of a distributed job its share of every epoch (``rank=``,
+  ``world_size=``, by default torch.distributed's), disjoint and covering, padded
+  as `DistributedSampler` pads; the order is `coordl.sampling.epoch_order` of
+  (seed, epoch), the same function the coordinator daemon serves;
+- resumes mid-epoch exactly: `state_dict()` / `load_state_dict()` (coordl/resume.py);
 - with ``coordinator="unix:///path.sock"``, takes its batches from a
   `coordl serve` daemon that prepares each batch once for every job on the
   server (coordinator/client.py): `len`, the epoch loop and the batches are
@@ -28,18 +36,24 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-from torch.utils.data import default_collate
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+from torch.utils.data import IterableDataset, RandomSampler, default_collate
+from torch.utils.data.distributed import DistributedSampler
 
-from .buffers import EXTRA_SLOTS, BatchPool, Lender
+from . import resume
+from .buffers import EXTRA_SLOTS, BatchPool
 from .caching import cache_for
 from .coordinator.client import connect
-from .dataset import PreparedBatch
+from .dataset import CoordlDataset, PreparedBatch
 from .errors import ConfigError
-from .stats import Counters
+from .iterators import MultiIter, PooledIter, Position, SingleIter
+from .sampling import PlanSampler, check_rank
+from .stats import KEYS, Counters
+
+T_co = TypeVar("T_co", covariant=True)
+_BACKENDS = ("cpu", "dali")
 
 
 class EpochBatch(list):
@@ -65,26 +79,36 @@ class EpochIndex(int):
         return EpochIndex, (int(self), self.epoch)
 
 
-class _EpochTagged:
-    """Wraps the loader's index sampler; reads the loader's epoch each time it is iterated.
+class _IndexStream:
+    """Wraps the loader's index sampler: tags each batch of indices with its epoch (coordl
+    datasets), skips the batches a loaded state says were received, and records a torch
+    RandomSampler's seed for `state_dict`.
 
-    torch's iterators keep the index sampler they were built with and re-iterate it
-    for every epoch of persistent workers, so the epoch is read here, not stored.
-    The loader is held by weak reference: iterator -> sampler -> loader would
+    torch's iterators keep the index sampler they were built with and re-iterate it for
+    every epoch of persistent workers, so the epoch is read when iteration starts, not
+    stored. The loader is held by weak reference: iterator -> sampler -> loader would
     otherwise form a cycle that keeps worker processes alive until gc runs.
     """
 
-    def __init__(self, sampler, loader: DataLoader, batched: bool) -> None:
-        self.sampler, self.batched = sampler, batched
+    def __init__(self, sampler, loader: DataLoader, tag) -> None:
+        self.sampler, self.tag = sampler, tag
         self._loader = weakref.ref(loader)
 
     def __iter__(self) -> Iterator:
-        tag = EpochBatch if self.batched else EpochIndex
         loader = self._loader()
-        epoch = loader.epoch if loader is not None else 0
+        epoch, skip, rng = (0, 0, None) if loader is None else (loader.epoch, loader._skip, loader._sampler_rng)
+        if loader is not None:
+            loader._skip = 0
         del loader  # a suspended generator (an epoch left unfinished) must not keep the loader alive
-        for item in self.sampler:
-            yield tag(item, epoch)
+        return self._stream(epoch, skip, rng)
+
+    def _stream(self, epoch: int, skip: int, rng) -> Iterator:
+        if rng is not None:
+            rng.begin()  # when torch's RandomSampler would draw its seed
+        tag = self.tag
+        for n, item in enumerate(self.sampler):
+            if n >= skip:
+                yield item if tag is None else tag(item, epoch)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -109,53 +133,38 @@ def collate(batch: Any) -> Any:
     return default_collate(batch)
 
 
-class _PooledIter(_MultiProcessingDataLoaderIter):
-    """torch's multi-process iterator that gives a batch's buffer back to its worker once
-    the training step no longer refers to it (coordl/buffers.py)."""
-
-    def __init__(self, loader: DataLoader, pool: BatchPool) -> None:
-        self._lender = Lender(pool)
-        self._discarding = False
-        super().__init__(loader)
-
-    def _reset(self, loader, first_iter: bool = False) -> None:
-        # persistent workers, an epoch left unfinished: torch drops the batches it holds out of
-        # order (_task_info) and drains and drops those still in flight (_get_data below)
-        for info in getattr(self, "_task_info", {}).values():
-            if len(info) == 2:
-                self._discard(info[1])
-        self._discarding = not first_iter
-        try:
-            super()._reset(loader, first_iter)
-        finally:
-            self._discarding = False
-
-    def _get_data(self):
-        idx, data = super()._get_data()
-        if self._discarding:
-            self._discard(data)
-        return idx, data
-
-    def _discard(self, data) -> None:
-        slot = getattr(data, "slot", None)
-        if slot is not None:
-            self._lender.discarded(*slot)
-
-    def __next__(self):
-        self._lender.release_unused()
-        batch = super().__next__()
-        slot = getattr(batch, "slot", None)
-        if slot is not None:
-            self._lender.received(batch[0], *slot)
-        return batch
-
-
 def is_coordl_dataset(dataset: Any) -> bool:
-    return all(callable(getattr(dataset, a, None)) for a in ("fetch", "prep", "set_epoch"))
+    """Datasets that derive from `coordl.dataset.CoordlDataset`; anything else is left as torch leaves it."""
+    return isinstance(dataset, CoordlDataset)
 
 
-class DataLoader(torch.utils.data.DataLoader):
-    """Drop-in replacement for `torch.utils.data.DataLoader`; see the module docstring."""
+def _default_ranks(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
+    """(rank, world_size, given): explicit values, else torch.distributed's, else (0, 1)."""
+    given = rank is not None or world_size is not None
+    dist = torch.distributed
+    if world_size is None:
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if rank is None:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() and world_size > 1 else 0
+    check_rank(rank, world_size)
+    return rank, world_size, given
+
+
+class DataLoader(torch.utils.data.DataLoader[T_co]):
+    """Drop-in replacement for `torch.utils.data.DataLoader`; see the module docstring.
+
+    Arguments beyond torch's:
+        cache: ``"8GiB"``, a `coordl.MinIOCache` or a `coordl.PartitionedCache` (coordl datasets).
+        drop_page_cache: read storage without leaving its pages in the page cache
+            (default: on when there is a cache).
+        coordinator: ``"unix:///path.sock"`` of a `coordl serve` daemon to take batches from.
+        reuse_buffers: workers reuse a batch's shared memory once you dropped it (default True).
+        rank, world_size: this process's share of each epoch (default: torch.distributed's
+            when it is initialised, else 0 and 1). Not applied when you pass your own
+            ``sampler`` or ``batch_sampler`` (e.g. a `DistributedSampler`): that one decides.
+        backend: ``"cpu"`` (coordl's pipeline in worker processes) or ``"dali"``
+            (NVIDIA DALI fed from coordl's reader and caches; coordl/dali_loader.py).
+    """
 
     def __init__(
         self,
@@ -181,11 +190,29 @@ class DataLoader(torch.utils.data.DataLoader):
         drop_page_cache: bool | None = None,
         coordinator: str | None = None,
         reuse_buffers: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        backend: str = "cpu",
     ) -> None:
         coordl_ds = is_coordl_dataset(dataset)
+        if backend not in _BACKENDS:
+            raise ConfigError(f"backend={backend!r} is not known: use 'cpu' (default) or 'dali'")
+        if backend == "dali":
+            _check_dali(dataset, coordl_ds, coordinator)
         batched = batch_size is not None or batch_sampler is not None
         if coordl_ds and collate_fn is None and batched:
             collate_fn = collate
+        self.rank, self.world_size, given = _default_ranks(rank, world_size)
+        user_sampler, user_shuffle = sampler, bool(shuffle)
+        self._made_sampler = None
+        sampler, shuffle = self._sharding(dataset, coordl_ds, sampler, batch_sampler, shuffle,
+                                          drop_last, generator, given)
+        self._counters = Counters(num_workers) if coordl_ds else None
+        if coordl_ds:
+            dataset = dataset.bind(counters=self._counters, **_cache_args(dataset, cache, drop_page_cache))
+        elif cache is not None or drop_page_cache is not None:
+            raise ConfigError(f"cache= and drop_page_cache= need a coordl dataset (e.g. coordl.ImageFolder), "
+                              f"not {type(dataset).__name__}: leave them unset")
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -194,35 +221,70 @@ class DataLoader(torch.utils.data.DataLoader):
         )
         self._coordl_dataset = coordl_ds
         self.reuse_buffers = bool(reuse_buffers)
+        self.backend = backend
         self._next_epoch = 0
         self.epoch = -1
-        self._counters = Counters(num_workers)
-        if coordl_ds:
-            dataset.counters = self._counters
-        _setup_cache(dataset, coordl_ds, cache, drop_page_cache)
+        self._skip = 0
+        self._position = Position()
+        self._sampler_rng = resume.SamplerRNG(self.sampler) if type(self.sampler) is RandomSampler else None
         self.coordinator = None if coordinator is None else connect(
-            coordinator, dataset, batch_size, shuffle, drop_last, timeout,
-            custom=[a for a, v in (("sampler", sampler), ("batch_sampler", batch_sampler),
+            coordinator, dataset, batch_size, user_shuffle, drop_last, timeout,
+            custom=[a for a, v in (("sampler", user_sampler),
+                                   ("batch_sampler", batch_sampler),
                                    ("collate_fn", collate_fn)) if v not in (None, collate)])
+
+    def _sharding(self, dataset, coordl_ds, sampler, batch_sampler, shuffle, drop_last, generator, given):
+        """The sampler that gives this rank its share (and, for coordl datasets, the plan's order)."""
+        if sampler is not None or batch_sampler is not None:
+            if given and self.world_size > 1:
+                raise ConfigError(f"rank={self.rank}, world_size={self.world_size} and your own "
+                                  f"{'sampler' if sampler is not None else 'batch_sampler'} both shard the "
+                                  "dataset: drop rank/world_size (your sampler decides), or drop the sampler")
+            return sampler, shuffle
+        if isinstance(dataset, IterableDataset):
+            if self.world_size > 1 and given:
+                raise ConfigError(f"world_size={self.world_size}: an IterableDataset shards itself (use "
+                                  "torch.utils.data.get_worker_info and your rank inside it): drop rank/world_size")
+            return sampler, shuffle
+        if coordl_ds and generator is None:
+            return PlanSampler(len(dataset), dataset.seed, bool(shuffle), self.rank, self.world_size,
+                               drop_last), None
+        if self.world_size > 1:
+            seed = generator.initial_seed() if generator is not None else 0
+            self._made_sampler = DistributedSampler(dataset, self.world_size, self.rank, shuffle=bool(shuffle),
+                                                    seed=seed, drop_last=drop_last)
+            return self._made_sampler, None
+        return sampler, shuffle
 
     @property
     def _index_sampler(self):
         sampler = super()._index_sampler
-        if not self._coordl_dataset:
+        tag = (EpochBatch if self._auto_collation else EpochIndex) if self._coordl_dataset else None
+        if tag is None and self._sampler_rng is None and not self._skip:
             return sampler
-        return _EpochTagged(sampler, self, self._auto_collation)
+        return _IndexStream(sampler, self, tag)
 
     def _get_iterator(self):
+        if self.num_workers == 0:
+            return SingleIter(self, self._position)
         # a new set of worker processes starts here: give them a new pool of batch buffers
-        if (self._coordl_dataset and self.reuse_buffers and self.num_workers > 0
-                and self.collate_fn is collate and self._auto_collation):
+        if (self._coordl_dataset and self.reuse_buffers and self.collate_fn is collate
+                and self._auto_collation):
             self.dataset.batch_pool = BatchPool(self.num_workers, self.prefetch_factor + EXTRA_SLOTS)
-            return _PooledIter(self, self.dataset.batch_pool)
-        return super()._get_iterator()
+            return PooledIter(self, self._position, self.dataset.batch_pool)
+        return MultiIter(self, self._position)
+
+    @property
+    def _bound(self):
+        """The bound coordl dataset the loader works on (the same object as ``loader.dataset``)."""
+        return self.dataset
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter(loader)`` runs (to resume a run at epoch ``epoch``)."""
-        self._next_epoch = int(epoch)
+        if self.coordinator is not None:
+            self.coordinator.set_epoch(epoch)
+            return
+        self._next_epoch, self._skip = int(epoch), 0
 
     def __len__(self) -> int:
         coordinator = getattr(self, "coordinator", None)
@@ -235,28 +297,98 @@ class DataLoader(torch.utils.data.DataLoader):
             return epoch
         self.epoch = self._next_epoch
         self._next_epoch += 1
+        pos = self._position
+        pos.epoch, pos.received, pos.active = self.epoch, self._skip, True
+        pos.length = len(self) if not isinstance(self.dataset, IterableDataset) else None
+        if self._owns_sampler:
+            self.sampler.set_epoch(self.epoch)
         if self._coordl_dataset:
             self.dataset.set_epoch(self.epoch)
-            self.dataset.counters = self._counters
+        if self.backend == "dali":
+            from .dali_loader import dali_epoch
+            return dali_epoch(self)
+        if isinstance(self.dataset, IterableDataset) and self._skip:
+            return self._replay(super().__iter__(), self._skip)
         return super().__iter__()
+
+    @property
+    def _owns_sampler(self) -> bool:
+        return isinstance(self.sampler, PlanSampler) or self._made_sampler is self.sampler
+
+    def _replay(self, it, skip: int):
+        """An IterableDataset has no positions: read the batches already received again and drop them."""
+        self._skip = 0
+        for n, batch in enumerate(it):
+            if n >= skip:
+                self._position.received += 1
+                yield batch
+
+    # -- resume --
+    def _identity(self) -> dict:
+        ds = self.dataset
+        return {"dataset": getattr(ds, "fingerprint", None) or type(ds).__name__,
+                "items": None if isinstance(ds, IterableDataset) else len(ds),
+                "seed": getattr(ds, "seed", None) if self._coordl_dataset else None,
+                "batch_size": self.batch_size, "drop_last": self.drop_last,
+                "shuffle": type(self.sampler).__name__ if not isinstance(self.sampler, PlanSampler)
+                else self.sampler.shuffle,
+                "rank": self.rank, "world_size": self.world_size}
+
+    def state_dict(self) -> dict:
+        """Where the training loop is: the epoch under way and the batches of it received so far.
+
+        Small, versioned and JSON-serialisable (coordl/resume.py says what it holds and what
+        cannot be restored). ``load_state_dict`` on a fresh loader built the same way then
+        yields exactly the remaining batches: same items, augmentation, order and labels.
+        """
+        if self.coordinator is not None:
+            return self.coordinator.state_dict()
+        pos = self._position
+        if pos.unfinished:
+            rng = self._sampler_rng.saved if self._sampler_rng is not None else None
+            return resume.make_state(self._identity(), pos.epoch, pos.received, rng)
+        return resume.make_state(self._identity(), self._next_epoch, 0, None)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where `state` (from `state_dict`) left off, from the next ``iter(loader)``."""
+        if self.coordinator is not None:
+            self.coordinator.load_state_dict(state)
+            return
+        epoch, batches, rng = resume.check_state(state, self._identity())
+        length = None if isinstance(self.dataset, IterableDataset) else len(self)
+        if length is not None and batches >= length:
+            epoch, batches, rng = epoch + 1, 0, None
+        self._next_epoch, self._skip = epoch, batches
+        if self._sampler_rng is not None:
+            self._sampler_rng.restore = rng
 
     def stats(self) -> dict[str, int]:
         """Counters summed over the main and all worker processes, over the loader's life;
         with a cache also its node-wide state: cache_bytes, cache_items, cache_capacity."""
+        if self.coordinator is not None:
+            return self.coordinator.stats()
+        if self._counters is None:
+            return dict.fromkeys(KEYS, 0)
         totals = self._counters.totals()
-        cache = getattr(self.dataset, "cache", None) if self._coordl_dataset else None
+        cache = getattr(self.dataset, "cache", None)
         if cache is not None:
             totals.update(cache.stats())
         return totals
 
 
-def _setup_cache(dataset, coordl_ds: bool, cache, drop_page_cache: bool | None) -> None:
-    """Open the MinIO cache for a coordl dataset (``cache=``) and set how storage is read."""
-    if cache is None and drop_page_cache is None:
-        return
+def _cache_args(dataset, cache, drop_page_cache: bool | None) -> dict:
+    """The cache a coordl dataset reads through (``cache=``) and how it reads storage."""
+    opened = None if cache is None else cache_for(dataset, cache)
+    return {"cache": opened, "drop_page_cache": opened is not None if drop_page_cache is None
+            else bool(drop_page_cache)}
+
+
+def _check_dali(dataset, coordl_ds: bool, coordinator) -> None:
     if not coordl_ds:
-        raise ConfigError(f"cache= and drop_page_cache= need a coordl dataset (one with fetch/prep, "
-                          f"e.g. coordl.ImageFolder), not {type(dataset).__name__}: leave them unset")
-    if cache is not None:
-        dataset.cache = cache_for(dataset, cache)
-    dataset.drop_page_cache = dataset.cache is not None if drop_page_cache is None else bool(drop_page_cache)
+        raise ConfigError(f"backend='dali' needs a coordl dataset (e.g. coordl.ImageFolder with "
+                          f"transform='train' or 'val'), not {type(dataset).__name__}")
+    if coordinator is not None:
+        raise ConfigError("backend='dali' with coordinator=: the daemon prepares the batches; choose "
+                          "its backend with `coordl serve --backend dali` and drop backend= here")
+    from .dali_loader import require_dali
+    require_dali()

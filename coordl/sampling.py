@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import torch
 
 from .errors import ConfigError
 
@@ -66,3 +67,35 @@ def check_rank(rank: int, world_size: int) -> None:
     if not (isinstance(rank, int) and 0 <= rank < world_size):
         raise ConfigError(f"rank={rank!r} must be an int in [0, world_size={world_size}): "
                           "the index of this process among the ranks")
+
+
+class PlanSampler(torch.utils.data.Sampler[int]):
+    """The sampler `coordl.DataLoader` gives a coordl dataset: this rank's share of
+    `epoch_order(items, seed, epoch)`. Like `DistributedSampler`, the loader calls
+    `set_epoch` before each epoch; unlike it, the same function serves one process,
+    many ranks and the coordinator daemon."""
+
+    def __init__(self, items: int, seed: int, shuffle: bool = True, rank: int = 0,
+                 world_size: int = 1, drop_last: bool = False) -> None:
+        check_rank(rank, world_size)
+        self.items, self.seed, self.shuffle = int(items), int(seed), bool(shuffle)
+        self.rank, self.world_size, self.drop_last = rank, world_size, bool(drop_last)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's items of `epoch` (default: the current one), in order."""
+        order = epoch_order(self.items, self.seed, self.epoch if epoch is None else epoch, self.shuffle)
+        return rank_share(order, self.rank, self.world_size, self.drop_last)
+
+    def __iter__(self):
+        return iter(self.indices().tolist())
+
+    def __len__(self) -> int:
+        return share_size(self.items, self.world_size, self.drop_last)
+
+    def __repr__(self) -> str:
+        return (f"PlanSampler(items={self.items}, seed={self.seed}, shuffle={self.shuffle}, "
+                f"rank={self.rank}, world_size={self.world_size}, drop_last={self.drop_last})")

@@ -99,7 +99,7 @@ def test_a_custom_collate_gets_no_pool(tiny_root):
     loader = coordl.DataLoader(ds, batch_size=BATCH, num_workers=WORKERS,
                                collate_fn=lambda b: torch.stack([x for x, _ in b]))
     assert sum(len(x) for x in loader) == len(ds)
-    assert ds.batch_pool is None
+    assert loader.dataset.batch_pool is None and ds.batch_pool is None
 
 
 def test_reuse_buffers_false_allocates_every_batch(tiny_root):

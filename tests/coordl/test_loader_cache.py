@@ -29,7 +29,7 @@ def dropped():
     """Datasets appended here have their cache segment unlinked after the test, whatever happens."""
     datasets: list = []
     yield datasets
-    for ds in datasets:
+    for ds in datasets:  # user datasets, or a loader's bound copy (loader.dataset) that holds the cache
         name = shm.segment_name(ds.fingerprint)
         if ds.cache is not None:
             ds.cache.drop()
@@ -56,7 +56,8 @@ def test_counting_half_capacity_three_shuffled_epochs_two_workers(own_root, drop
     n, total = len(ds), ds.manifest.total_bytes
     capacity = total // 2
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, cache=capacity)
-    assert ds.drop_page_cache is True
+    dropped.append(loader.dataset)
+    assert loader.dataset.drop_page_cache is True and ds.cache is None
 
     first = _epoch(loader)
     assert first["storage_reads"] == n and first["storage_bytes"] == total
@@ -92,7 +93,7 @@ _JOB = textwrap.dedent("""
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, cache=int(sys.argv[2]))
     for _ in loader:
         pass
-    print(json.dumps({"pid": __import__("os").getpid(), "name": ds.cache.name, **loader.stats()}), flush=True)
+    print(json.dumps({"pid": __import__("os").getpid(), "name": loader.dataset.cache.name, **loader.stats()}), flush=True)
     sys.stdin.readline()  # stay attached until the test says so
 """)
 
@@ -138,29 +139,32 @@ def test_cache_outlives_the_loader_and_a_restarted_job_hits_at_once(own_root, dr
     dropped.append(ds)
     loader = coordl.DataLoader(ds, batch_size=8, cache="1MiB")
     _epoch(loader)
-    ds.cache.close()
+    loader.dataset.cache.close()
     del loader
     again = coordl.ImageFolder(own_root, transform="val", size=32)
-    dropped.append(again)
-    first = _epoch(coordl.DataLoader(again, batch_size=8, cache="4MiB"))
+    loader = coordl.DataLoader(again, batch_size=8, cache="4MiB")
+    dropped.append(loader.dataset)
+    first = _epoch(loader)
     assert first["cache_hits"] == len(again) and first["storage_reads"] == 0
-    assert again.cache.capacity == 2**20                   # it attached to what was there
+    assert loader.dataset.cache.capacity == 2**20                   # it attached to what was there
 
 
 def test_changed_file_gives_a_new_fingerprint_and_a_new_cache(own_root, dropped):
     old = coordl.ImageFolder(own_root, transform="val", size=32)
-    dropped.append(old)
-    _epoch(coordl.DataLoader(old, batch_size=8, cache="1MiB"))
+    old_loader = coordl.DataLoader(old, batch_size=8, cache="1MiB")
+    dropped.append(old_loader.dataset)
+    _epoch(old_loader)
     victim, donor = old.manifest.path(3), old.manifest.path(7)
     shutil.copyfile(donor, victim)                         # same name, other bytes
     new = coordl.ImageFolder(own_root, transform="val", size=32)
-    dropped.append(new)
     assert new.fingerprint != old.fingerprint
     loader = coordl.DataLoader(new, batch_size=8, cache="1MiB")
-    assert new.cache.name != old.cache.name and new.cache.stats()["cache_items"] == 0
+    dropped.append(loader.dataset)
+    new_cache, old_cache = loader.dataset.cache, old_loader.dataset.cache
+    assert new_cache.name != old_cache.name and new_cache.stats()["cache_items"] == 0
     first = _epoch(loader)
     assert first["cache_hits"] == 0 and first["storage_reads"] == len(new)
-    assert bytes(new.fetch(3)) == _read(new, 7)
+    assert bytes(loader.dataset.fetch(3)) == _read(new, 7)
 
 
 def test_capacity_beyond_free_space_is_refused_before_training(own_root):
@@ -175,8 +179,10 @@ def test_cache_arguments(own_root, dropped):
     ds = coordl.ImageFolder(own_root, transform="val", size=32)
     dropped.append(ds)
     cache = coordl.MinIOCache("1MiB")
-    coordl.DataLoader(ds, cache=cache, drop_page_cache=False)
-    assert ds.cache is cache and ds.drop_page_cache is False and cache.name is not None
+    bound = coordl.DataLoader(ds, cache=cache, drop_page_cache=False).dataset
+    dropped.append(bound)
+    assert bound.cache is cache and bound.drop_page_cache is False and cache.name is not None
+    assert ds.cache is None and bound is not ds
     with pytest.raises(coordl.ConfigError, match="coordl dataset"):
         coordl.DataLoader(list(range(10)), cache="1MiB")
     with pytest.raises(coordl.ConfigError, match="cache='lots'"):
@@ -197,13 +203,24 @@ def test_parse_size_refuses(bad):
         parse_size(bad)
 
 
-def test_a_second_loader_on_the_same_dataset_reuses_its_attachment(own_root, dropped):
+def test_two_loaders_on_one_dataset_keep_their_own_counters_and_caches(own_root, dropped):
+    """The loader binds a copy (CoordlDataset.bind): the user's object gets no attribute, and a
+    cached and an uncached loader over it, with different worker counts, stay apart."""
     ds = coordl.ImageFolder(own_root, transform="val", size=32)
-    dropped.append(ds)
-    coordl.DataLoader(ds, cache="1MiB")
-    first = ds.cache
-    coordl.DataLoader(ds, cache="1MiB")
-    assert ds.cache is first
-    first.drop()
+    before = dict(vars(ds))
+    cached = coordl.DataLoader(ds, batch_size=8, num_workers=2, cache="1MiB")
+    dropped.append(cached.dataset)
+    plain = coordl.DataLoader(ds, batch_size=8, num_workers=0)
+    assert vars(ds) == before                                 # nothing added or changed on it
+    assert ds.cache is None and plain.dataset.cache is None and cached.dataset.cache is not None
+    first, second = _epoch(cached), _epoch(cached)
+    assert first["storage_reads"] == len(ds) and second["cache_hits"] == len(ds)
+    alone = _epoch(plain)
+    assert alone["storage_reads"] == len(ds) and alone["cache_hits"] == alone["cache_misses"] == 0
+    assert plain.stats()["samples"] == len(ds)                # its own counters only
+    assert cached.stats()["samples"] == 2 * len(ds)
+    assert vars(ds) == before
+    cached.dataset.cache.drop()
     with pytest.raises(coordl.CacheError, match="closed or dropped"):
-        ds.fetch(0)
+        cached.dataset.fetch(0)
+    assert ds.fetch(0) == _read(ds, 0)                        # the user's dataset reads storage
