@@ -28,7 +28,8 @@ for a 64x3x224x224 uint8 batch, for each way of loading. And the
 coordinator's transport alone: a ring that holds the whole epoch, prepared
 before the job times ``next()`` back to back, with nothing else running.
 
-Run it under the bench lock (other benchmarks on this machine take it too):
+A tiny run: a small dataset, `--ks 1 --computes 0 --epochs 1 --rounds 1 --samples 2
+--transport-rounds 1`. Run it under the bench lock (other benchmarks take it too):
 
     flock /tmp/coordl-bench.lock .venv/bin/python bench/coordinator.py \\
         --data /work/bench-data/coord --out bench/results/coordinator
@@ -40,7 +41,6 @@ import argparse
 import json
 import os
 import select
-import shlex
 import signal
 import statistics
 import subprocess
@@ -117,7 +117,7 @@ def _delivery(loader, a) -> dict:
     while len(times) < a.samples:
         it = iter(loader)
         next(it)
-        for images, labels in _timed(it, a.compute, times):
+        for images, labels in _timed(it, a.compute, a.batch_size, times):
             _consume(images, labels)
             if len(times) >= a.samples:
                 break
@@ -126,7 +126,7 @@ def _delivery(loader, a) -> dict:
     return {"times": times, "shape": list(images.shape), "dtype": str(images.dtype)}
 
 
-def _timed(it, pause: float, times: list[float]):
+def _timed(it, pause: float, batch_size: int, times: list[float]):
     while True:
         time.sleep(pause)
         t = time.perf_counter()
@@ -135,7 +135,7 @@ def _timed(it, pause: float, times: list[float]):
         except StopIteration:
             return
         dt = time.perf_counter() - t
-        if images.shape[0] == 64:
+        if images.shape[0] == batch_size:  # a short last batch is not counted
             times.append(dt)
         yield images, labels
 
@@ -256,6 +256,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="daemon prep workers = workers per loader")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--samples", type=int, default=40, help="delivery: next() calls timed")
+    ap.add_argument("--transport-rounds", type=int, default=3, help="transport: epochs timed per mode")
     ap.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--socket", default="", help=argparse.SUPPRESS)
@@ -290,24 +291,18 @@ def main() -> None:
         print(f"delivery {mode:>9}: {delivery[mode]['median_us']:.0f} us", flush=True)
     transport = {}
     for mode in ("coord", "coord-pin"):
-        times = [t for _ in range(3) for t in run(a, mode, 1, 0.0, delivery=True, transport=True)["times"]]
+        times = [t for _ in range(a.transport_rounds)
+                 for t in run(a, mode, 1, 0.0, delivery=True, transport=True)["times"]]
         transport[mode] = _percentiles(times)
         print(f"transport {mode:>9}: {transport[mode]['median_us']:.0f} us", flush=True)
     result = {
         "machine": report.machine(cpus), "dataset": report.dataset(a.data), "versions": report.versions(),
-        "command": " ".join(shlex.quote(x) for x in [".venv/bin/python", "bench/coordinator.py", *sys.argv[1:]]),
+        "command": report.command(),
         "config": {k: getattr(a, k) for k in ("batch_size", "workers", "slots", "epochs", "warmup", "rounds")},
         "runs": runs, "summary": _summarize(runs, ks, computes), "delivery": delivery,
         "transport": transport,
     }
-    md = markdown(result)
-    print(md)
-    if a.out:
-        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-        with open(a.out + ".json", "w") as f:
-            json.dump(result, f, indent=1)
-        with open(a.out + ".md", "w") as f:
-            f.write(md)
+    report.write(a.out, result, markdown(result))
 
 
 def _percentiles(seconds: list[float]) -> dict:
@@ -344,7 +339,7 @@ def markdown(r: dict) -> str:
         f"daemon = {c['workers']} workers per independent loader; ring of {c['slots']} slots; "
         f"{c['warmup']} warm-up + {c['epochs']} measured epochs per job; {c['rounds']} interleaved rounds.  ",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".  ",
-        f"Command: `flock /tmp/coordl-bench.lock {r['command']}`",
+        f"Command: `{r['command']}`",
         "",
         "Aggregate images/s of k jobs (median over rounds, min-max); coord/x = median of per-round ratios.",
         "",

@@ -11,7 +11,7 @@ Loaders (each in its own process, started once, warm-up epoch first):
                 -> crop_mirror_normalize(UINT8), device_id=None, num_threads=W
   dali-tuned    the same pipeline with DALI's recommended throughput settings
   floor         full decode (Image.open(path).load()) of every file on ONE core;
-                the decode floor is that rate x the number of cores (issue 3's definition)
+                the decode floor is that rate x the number of cores
   floor-parallel  the same decode by one process per core at once, measured (shows
                 what sharing caches and memory bandwidth costs two cores)
 
@@ -20,7 +20,9 @@ times. Reported: per-loader median images/s with min and max, and the median
 of the per-round ratios of coordl to each baseline; worker RSS after every
 epoch (flat = no copy-on-access growth). Everything shares one CPU set
 (`os.sched_setaffinity`, inherited by every child), one batch size, one
-worker count and one dataset. See /work/shared/benchmarking.md.
+worker count and one dataset.
+
+A tiny run (tests/bench/test_bench_smoke.py): a small dataset, `--repeats 1 --settle 0`.
 """
 
 from __future__ import annotations
@@ -160,13 +162,59 @@ def summarise(a, cpus, names, children, epochs) -> dict:
                 per = [x / y for x, y in zip(rates["coordl"], rates[b])]
                 ratios[f"coordl/{b}"] = {"median": statistics.median(per), "min": min(per),
                                          "max": max(per), "per_round": per}
+    plain = {"plain Pillow (torch-pillow)": children["torch-pillow"].ready.get("pil")} \
+        if "torch-pillow" in children else {}
     return {
-        "command": " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]),
+        "command": report.command(),
         "machine": report.machine(cpus), "dataset": report.dataset(a.root),
-        "versions": report.versions(children), "batch_size": a.batch_size, "workers": a.workers,
+        "versions": report.versions(plain), "batch_size": a.batch_size, "workers": a.workers,
         "repeats": a.repeats, "floor_note": f"full decode on one core x {len(cpus)} cores",
         "loaders": loaders, "ratios": ratios,
     }
+
+
+def _rss_line(loader: dict) -> str:
+    per = loader["rss_per_epoch"]
+    if not per or not per[0]["workers"]:
+        main = [e["main"] / 2**20 for e in per]
+        return f"main {main[0]:.0f} -> {main[-1]:.0f} MiB"
+    first, last = per[0]["workers"], per[-1]["workers"]
+    text = ", ".join(f"{a / 2**20:.0f} -> {b / 2**20:.0f}" for a, b in zip(first, last)) + " MiB"
+    if per[0].get("workers_private"):
+        first, last = per[0]["workers_private"], per[-1]["workers_private"]
+        text += " (private " + ", ".join(f"{a / 2**20:.0f} -> {b / 2**20:.0f}" for a, b in zip(first, last)) + ")"
+    return text
+
+
+def markdown(r: dict) -> str:
+    m, d = r["machine"], r["dataset"]
+    lines = [
+        f"Machine: {m['cpu_model']}, {m['cores_used']} cores used (ids {m['cpu_ids']}), AVX2 {m['avx2']}.  ",
+        f"Dataset: {d['root']}, {d['files']} files, mean {d['mean_bytes'] / 1024:.1f} KiB.  ",
+        f"Batch {r['batch_size']}, {r['workers']} workers/threads, {r['repeats']} interleaved rounds "
+        "after one warm-up epoch each.  ",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".  ",
+        f"Command: `{r['command']}`",
+        "",
+        "images/s of a loader = images / (epoch seconds + CPU seconds it used between its epochs "
+        "/ cores); floor = full-decode images/s on one core x cores. CPU ms/image = user+system "
+        "CPU of the loader's process and its workers per image (less sensitive to other tenants "
+        "than images/s). Worker RSS includes shared-memory batch buffers a worker keeps for reuse "
+        "(coordl: at most prefetch_factor + 3 per worker, so it can grow by a few buffers until the "
+        "pool is full); private = RssAnon, the worker's own memory.",
+        "",
+        "| loader | median images/s | min | max | coordl / this (median of per-round ratios) "
+        "| CPU ms/image (all processes) | worker RSS first -> last epoch |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, lo in r["loaders"].items():
+        ratio = r["ratios"].get(f"coordl/{name}")
+        rtxt = (f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else "")
+        label = name + (" (x cores)" if name == "floor" else "")
+        cpu_ms = statistics.median(c / lo["images_per_epoch"] * 1e3 for c in lo["cpu_seconds"][1:])
+        lines.append(f"| {label} | {lo['median']:.0f} | {lo['min']:.0f} | {lo['max']:.0f} | {rtxt} "
+                     f"| {cpu_ms:.2f} | {_rss_line(lo)} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -182,15 +230,7 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     a = p.parse_args()
     result = run(a)
-    table = report.loaders_markdown(result)
-    print("\n" + table)
-    if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out + ".json", "w") as f:
-            json.dump(result, f, indent=1)
-        with open(a.out + ".md", "w") as f:
-            f.write(table)
-        print(f"wrote {a.out}.json and {a.out}.md")
+    report.write(a.out, result, markdown(result))
 
 
 if __name__ == "__main__":

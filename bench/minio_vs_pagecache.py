@@ -27,7 +27,8 @@ cross-check) and the epoch time.
   from the page cache (``posix_fadvise(DONTNEED)`` on every file).
 
 Needs root and cgroup v1 memory + blkio controllers; it says so and stops
-(page cache side) when they are missing. Run it under the bench lock:
+(page cache side) when they are missing. A tiny run: a small dataset,
+`--fractions 0.5 --epochs 2 --throttle-mbps 0`. Run it under the bench lock:
 
     flock /tmp/coordl-bench.lock .venv/bin/python bench/minio_vs_pagecache.py \\
         --data /work/bench-data/minio --out bench/results/minio
@@ -38,12 +39,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
 
 import cgroup
+import report
 
 SIDES = ("pagecache", "minio")
 MiB = 2**20
@@ -132,10 +133,9 @@ def _facts(args, ds) -> dict:
     sizes = ds.manifest.sizes
     return {"cpu": model, **collect(), "kernel": os.uname().release,
             "memory_total": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-            "dataset": {"root": ds.root, "files": len(ds), "bytes": ds.manifest.total_bytes,
+            "dataset": {"root": report.portable(ds.root), "files": len(ds), "bytes": ds.manifest.total_bytes,
                         "mean_bytes": round(float(sizes.mean()))},
-            "command": "flock /tmp/coordl-bench.lock .venv/bin/python bench/minio_vs_pagecache.py "
-                       + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+            "command": report.command()}
 
 
 def orchestrate(args) -> None:
@@ -200,12 +200,7 @@ def orchestrate(args) -> None:
                                     else f"none ({problems['blkio'] or 'off'})",
                                     "footprint_bytes": footprint, "slack_bytes": args.slack_mib * MiB},
               "runs": runs}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(args.out + ".md", "w") as f:
-        f.write(markdown(result))
-    print(f"bench: wrote {args.out}.json and {args.out}.md", flush=True)
+    report.write(args.out, result, markdown(result))
 
 
 def _mean(xs):

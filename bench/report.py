@@ -1,102 +1,119 @@
-"""Facts and tables for the benchmarks: the machine, the dataset, versions, Markdown."""
+"""What every benchmark writes: its result as OUT.json + OUT.md, and the facts of the run.
+
+A benchmark builds one JSON-able dict and one Markdown text, then
+
+    report.write(a.out, result, markdown)    # prints the Markdown; with --out, OUT.json + OUT.md
+
+and records where it ran with ``report.machine(cpus)``, ``report.dataset(root)``,
+``report.versions()`` and ``report.command()``. A result file must not name this
+machine: paths inside the repository are written relative to it, any other path
+as ``$BENCH_DATA/<its last part>`` (the folder ``coordl make-dataset`` wrote the
+datasets into), and `write` warns about a machine path or a host name left in
+the text (tests/bench/test_bench_smoke.py checks the committed results).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
-import statistics
+import re
+import shlex
+import socket
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = "$BENCH_DATA"
+# absolute paths a result file must not carry (its author's checkout, data and temp folders)
+MACHINE_PATH = re.compile(r"(?<![\w.$])/(?:work|tmp|root|home|mnt|scratch|data)/")
+
+
+def portable(path: str) -> str:
+    """`path` as a result file names it: relative inside the repository, else `$BENCH_DATA/<last part>`."""
+    full = os.path.abspath(path)
+    if full == REPO or full.startswith(REPO + os.sep):
+        return os.path.relpath(full, REPO)
+    return f"{DATA}/{os.path.basename(full.rstrip(os.sep))}"
+
+
+def command(argv: list[str] | None = None) -> str:
+    """The command line of this run, portable: `.venv/bin/python bench/x.py ARGS`."""
+    argv = sys.argv if argv is None else argv
+    words = [portable(sys.executable), portable(argv[0])]
+    words += [portable(w) if os.path.isabs(w) else w for w in argv[1:]]
+    return " ".join(w if w.startswith(DATA) else shlex.quote(w) for w in words)
+
+
+def leaks(text: str) -> list[str]:
+    """The machine paths and host names in `text` (a result file should have none)."""
+    found = [m.group(0) for m in MACHINE_PATH.finditer(text)]
+    host = socket.gethostname()
+    if len(host) >= 4 and re.search(rf"\b{re.escape(host)}\b", text):
+        found.append(host)
+    return found
+
+
+def write(out: str | None, result: dict, markdown: str, echo: bool = True) -> None:
+    """Print `markdown` (unless `echo=False`); with `out`, write OUT.json (`result`) and OUT.md."""
+    if echo:
+        print("\n" + markdown, flush=True)
+    if not out:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    text = json.dumps(result, indent=1)
+    with open(out + ".json", "w") as f:
+        f.write(text + "\n")
+    with open(out + ".md", "w") as f:
+        f.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    bad = sorted(set(leaks(text + markdown)))
+    if bad:
+        print(f"warning: {out}.json/.md name this machine ({', '.join(bad)}): record report.portable() "
+              "paths before committing them", file=sys.stderr)
+    print(f"wrote {out}.json and {out}.md", flush=True)
+
+
+def _cpuinfo(prefix: str) -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith(prefix)), "")
+    except OSError:
+        return ""
 
 
 def machine(cpus: list[int]) -> dict:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        pass
-    return {"cpu_model": model, "cores_used": len(cpus), "cpu_ids": cpus,
-            "cores_online": os.cpu_count(), "avx2": " avx2" in flags,
+    """The CPU the run used (no host name: results are shared)."""
+    return {"cpu_model": _cpuinfo("model name") or "unknown", "cores_used": len(cpus), "cpu_ids": cpus,
+            "cores_online": os.cpu_count(), "avx2": "avx2" in _cpuinfo("flags").split(),
             "python": platform.python_version(), "kernel": platform.release()}
 
 
 def dataset(root: str) -> dict:
+    """The JPEGs under `root`: how many, their mean and total bytes; `root` made portable."""
     sizes = []
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             if name.lower().endswith((".jpg", ".jpeg")):
                 sizes.append(os.path.getsize(os.path.join(dirpath, name)))
     n = len(sizes)
-    return {"root": os.path.abspath(root), "files": n,
+    return {"root": portable(root), "files": n,
             "mean_bytes": sum(sizes) / n if n else 0, "total_bytes": sum(sizes)}
 
 
-def versions(children: dict | None = None) -> dict:
+def versions(extra: dict | None = None) -> dict:
+    """torch, the PIL build, DALI (None when absent), coordl, then `extra` (name -> version)."""
     import PIL
     import torch
 
-    out = {"torch": torch.__version__, "pillow-simd (coordl, torch-simd, floor)": PIL.__version__}
+    import coordl
+
+    pil = "pillow-simd" if ".post" in PIL.__version__ else "Pillow"
+    out = {"torch": torch.__version__, pil: PIL.__version__}
     try:
         import nvidia.dali as dali
 
         out["dali"] = dali.__version__
     except ImportError:
         out["dali"] = None
-    if children and "torch-pillow" in children:
-        out["plain Pillow (torch-pillow)"] = children["torch-pillow"].ready.get("pil")
-    import coordl
-
+    out.update(extra or {})
     out["coordl"] = coordl.__version__
     return out
-
-
-def _rss_line(loader: dict) -> str:
-    per = loader["rss_per_epoch"]
-    if not per or not per[0]["workers"]:
-        main = [e["main"] / 2**20 for e in per]
-        return f"main {main[0]:.0f} -> {main[-1]:.0f} MiB"
-    first, last = per[0]["workers"], per[-1]["workers"]
-    text = ", ".join(f"{a / 2**20:.0f} -> {b / 2**20:.0f}" for a, b in zip(first, last)) + " MiB"
-    if per[0].get("workers_private"):
-        first, last = per[0]["workers_private"], per[-1]["workers_private"]
-        text += " (private " + ", ".join(f"{a / 2**20:.0f} -> {b / 2**20:.0f}" for a, b in zip(first, last)) + ")"
-    return text
-
-
-def loaders_markdown(r: dict) -> str:
-    m, d = r["machine"], r["dataset"]
-    lines = [
-        f"Machine: {m['cpu_model']}, {m['cores_used']} cores used (ids {m['cpu_ids']}), AVX2 {m['avx2']}.  ",
-        f"Dataset: {d['root']}, {d['files']} files, mean {d['mean_bytes'] / 1024:.1f} KiB.  ",
-        f"Batch {r['batch_size']}, {r['workers']} workers/threads, {r['repeats']} interleaved rounds "
-        "after one warm-up epoch each.  ",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".  ",
-        f"Command: `{r['command']}`",
-        "",
-        "images/s of a loader = images / (epoch seconds + CPU seconds it used between its epochs "
-        "/ cores); floor = full-decode images/s on one core x cores. CPU ms/image = user+system "
-        "CPU of the loader's process and its workers per image (less sensitive to other tenants "
-        "than images/s). Worker RSS includes shared-memory batch buffers a worker keeps for reuse "
-        "(coordl: at most prefetch_factor + 3 per worker, so it can grow by a few buffers until the "
-        "pool is full); private = RssAnon, the worker's own memory.",
-        "",
-        "| loader | median images/s | min | max | coordl / this (median of per-round ratios) "
-        "| CPU ms/image (all processes) | worker RSS first -> last epoch |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for name, lo in r["loaders"].items():
-        ratio = r["ratios"].get(f"coordl/{name}")
-        rtxt = (f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else "")
-        label = name + (" (x cores)" if name == "floor" else "")
-        cpu_ms = statistics.median(c / lo["images_per_epoch"] * 1e3 for c in lo["cpu_seconds"][1:])
-        lines.append(f"| {label} | {lo['median']:.0f} | {lo['min']:.0f} | {lo['max']:.0f} | {rtxt} "
-                     f"| {cpu_ms:.2f} | {_rss_line(lo)} |")
-    return "\n".join(lines) + "\n"

@@ -1,8 +1,8 @@
 """Run coordl's loader for a few epochs so a sampling profiler can watch its workers.
 
     py-spy record --native --subprocesses --format raw -o prof.txt -- \
-        .venv/bin/python bench/loader_profile.py /work/bench-data/photo
-    .venv/bin/python bench/collapse.py prof.txt   # workers only; --all for every process
+        .venv/bin/python bench/experiments/loader_profile.py /work/bench-data/photo
+    .venv/bin/python bench/experiments/collapse.py prof.txt   # workers only; --all for every process
 """
 
 from __future__ import annotations

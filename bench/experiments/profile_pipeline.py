@@ -1,6 +1,6 @@
 """Where the time per image goes in coordl's `train` pipeline (cProfile, one core).
 
-    .venv/bin/python bench/profile_pipeline.py /work/bench-data/photo --out bench/results/profile-photo
+    .venv/bin/python bench/experiments/profile_pipeline.py /work/bench-data/photo --out bench/results/profile-photo
 
 Runs `ImageFolder.fetch` + `prep` (what a worker does per item, minus the
 batch bookkeeping) over `--files` items under cProfile, then groups the
@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import os
 import pstats
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, for report.py
+import report  # noqa: E402
 
 # (stage, predicate on (file, function name)), first match wins
 STAGES = [
@@ -77,9 +80,9 @@ def run(root: str, files: int, cpu_id: int) -> dict:
             "top_functions_us": [(name, tt / n * 1e6) for tt, name in top[:15]]}
 
 
-def markdown(r: dict, command: str) -> str:
+def markdown(r: dict) -> str:
     total = sum(r["stages_us"].values())
-    lines = [f"Command: `{command}`  ", f"{r['files']} items, one core, cProfile on (adds overhead to "
+    lines = [f"Command: `{r['command']}`  ", f"{r['files']} items, one core, cProfile on (adds overhead to "
              f"Python calls); {r['wall_us_per_image_profiled']:.0f} us/image profiled.", "",
              "| stage | us/image | share |", "|---|---:|---:|"]
     lines += [f"| {k} | {v:.0f} | {v / total:.0%} |" for k, v in r["stages_us"].items()]
@@ -96,15 +99,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     a = p.parse_args()
     cpu_id = a.cpu if a.cpu is not None else min(os.sched_getaffinity(0))
-    r = run(a.root, a.files, cpu_id)
-    command = " ".join([os.path.relpath(os.sys.executable), *os.sys.argv])
-    table = markdown(r, command)
-    print(table)
-    if a.out:
-        with open(a.out + ".json", "w") as f:
-            json.dump({"command": command, **r}, f, indent=1)
-        with open(a.out + ".md", "w") as f:
-            f.write(table)
+    r = {"command": report.command(), **run(a.root, a.files, cpu_id)}
+    report.write(a.out, r, markdown(r))
 
 
 if __name__ == "__main__":

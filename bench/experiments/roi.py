@@ -1,30 +1,64 @@
 """Per-image CPU cost of coordl's `train` with and without the region-of-interest JPEG decoder.
 
-    flock /tmp/coordl-bench.lock .venv/bin/python bench/roi.py /work/bench-data/photo --out bench/results/roi-photo
+    flock /tmp/coordl-bench.lock .venv/bin/python bench/experiments/roi.py /work/bench-data/photo \\
+        --out bench/results/roi-photo
 
 One core (pinned), bytes in memory, `time.process_time` per image (time lost
-to other tenants of the shared machine is not counted). The variants run on
-the same files, interleaved on chunks of 25 files, `--repeats` passes; the
-ratio is the median of per-chunk ratios to the full decode timed a moment
-apart (as bench/levers.py).
+to other tenants of a shared machine is not counted). On a shared machine the
+noise moves within seconds, so the variants run in turn on the same chunk of
+25 files, `--repeats` passes over all chunks, and a ratio is only taken
+between variants timed a moment apart on the same files.
 
-  full-decode        Pillow: Image.open(bytes).load(), the floor of issue 3
+  full-decode        Pillow: Image.open(bytes).load(), the floor
   full-decode (ext)  the _jpegroi extension decoding the whole image (libjpeg-turbo without Pillow)
-  train (Pillow)     coordl's train before the ROI decoder: draft + stop below the crop (rows.py)
-  train (ROI)        coordl's train with pipelines/roi.py: crop_scanline + skip_scanlines + scale
+  train (Pillow)     `cpu.train(roi=False)`: draft + stop below the crop (rows.py)
+  train (ROI)        `cpu.train(roi=True)`: crop_scanline + skip_scanlines + DCT scaling
   ROI decode only    header + region decode of the same crop, no resize or copy
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
-import json
 import os
 import statistics
 import sys
+import time
+from collections.abc import Callable
 
-import timing
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, for report.py
+import report  # noqa: E402
+
+
+def sample_files(root: str, files: int) -> list[bytes]:
+    """The bytes of `files` files spread evenly over the ImageFolder at `root`."""
+    from coordl.manifest import scan
+
+    m = scan(root)
+    step = max(1, len(m) // files)
+    raws = []
+    for i in range(0, len(m), step)[:files]:
+        with open(m.path(i), "rb") as f:
+            raws.append(f.read())
+    return raws
+
+
+def interleaved(variants: dict[str, Callable[[int, bytes], object]], raws: list[bytes], chunk: int,
+                repeats: int, base: str = "full-decode") -> tuple[dict, dict]:
+    """(CPU ms per image of each chunk timing, per variant; their ratios to `base`)."""
+    for fn in variants.values():  # warm-up
+        for i, raw in enumerate(raws[:20]):
+            fn(i, raw)
+    chunks = [range(k, min(k + chunk, len(raws))) for k in range(0, len(raws), chunk)]
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(repeats):
+        for c in chunks:
+            for k, fn in variants.items():
+                t0 = time.process_time()
+                for i in c:
+                    fn(i, raws[i])
+                times[k].append((time.process_time() - t0) / len(c) * 1e3)
+    ref = times[base]
+    return times, {k: [a / b for a, b in zip(v, ref)] for k, v in times.items()}
 
 
 def variants(size: int = 224) -> dict:
@@ -38,7 +72,6 @@ def variants(size: int = 224) -> dict:
     if not roi.AVAILABLE:
         sys.exit("coordl.pipelines._jpegroi is not built (bash install.sh)")
     out = np.empty((size, size, 3), np.uint8)
-    integrated = "roi" in inspect.signature(cpu.train).parameters
 
     def full(i, raw):
         with Image.open(io.BytesIO(raw)) as img:
@@ -48,32 +81,16 @@ def variants(size: int = 224) -> dict:
         w, h, _ok = roi.header(raw)
         roi._jpegroi.decode(raw, 1, 0, 0, w, h, 4)
 
-    def train_pillow(i, raw):
-        kw = {"roi": False} if integrated else {}
-        cpu.train(raw, size, crop.item_rng(0, 0, i), out=out, **kw)
-
-    def train_roi_standalone(i, raw):  # what cpu.train does with the ROI decoder
-        rng = crop.item_rng(0, 0, i)
-        w, h, _ok = roi.header(raw)
-        box = crop.random_resized_crop_box(w, h, rng)
-        flip = crop.flip(rng)
-        img, (left, top, bw, bh) = roi.region_image(raw, box, size, (w, h))
-        small = img.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + bw, top + bh))
-        if flip:
-            small = small.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        out.reshape(-1)[:] = np.frombuffer(small.tobytes("raw", "RGB"), np.uint8)
-
-    def train_roi(i, raw):
-        cpu.train(raw, size, crop.item_rng(0, 0, i), out=out, roi=True)
+    def train(use_roi):
+        return lambda i, raw: cpu.train(raw, size, crop.item_rng(0, 0, i), out=out, roi=use_roi)
 
     def decode_only(i, raw):
         rng = crop.item_rng(0, 0, i)
         w, h, _ok = roi.header(raw)
         roi.decode_region(raw, crop.random_resized_crop_box(w, h, rng), size, (w, h), 4)
 
-    return {"full-decode": full, "full-decode (ext)": full_ext, "train (Pillow)": train_pillow,
-            "train (ROI)": train_roi if integrated else train_roi_standalone,
-            "ROI decode only": decode_only}, integrated
+    return {"full-decode": full, "full-decode (ext)": full_ext, "train (Pillow)": train(False),
+            "train (ROI)": train(True), "ROI decode only": decode_only}
 
 
 def measure(root: str, files: int, repeats: int, cpu_id: int, chunk: int = 25) -> dict:
@@ -82,21 +99,18 @@ def measure(root: str, files: int, repeats: int, cpu_id: int, chunk: int = 25) -
     from coordl.pipelines import roi
 
     os.sched_setaffinity(0, {cpu_id})
-    raws = timing.sample_files(root, files)
-    vs, integrated = variants()
-    times, ratios = timing.interleaved(vs, raws, chunk, repeats)
+    raws = sample_files(root, files)
+    times, ratios = interleaved(variants(), raws, chunk, repeats)
     return {"pil": PIL.__version__, "libjpeg": roi._jpegroi.version(), "files": len(raws), "chunk": chunk,
-            "repeats": repeats, "train_is_cpu_train": integrated, "ms_per_image": times,
-            "ratio_to_full_decode": ratios}
+            "repeats": repeats, "ms_per_image": times, "ratio_to_full_decode": ratios}
 
 
-def markdown(res: dict, command: str) -> str:
-    how = ("`cpu.train(roi=True/False)`" if res["train_is_cpu_train"]
-           else "`train (ROI)` = the same steps as cpu.train, written out here (not yet integrated)")
-    lines = [f"Command: `{command}`  ",
+def markdown(res: dict) -> str:
+    lines = [f"Command: `{res['command']}`  ",
              f"{res['files']} files, one core, bytes in memory, CPU time per image; pillow-simd "
              f"{res['pil']}, libjpeg-turbo {res['libjpeg']}; variants interleaved on chunks of "
-             f"{res['chunk']} files, {res['repeats']} passes; {how}. Ratio: median of per-chunk ratios.",
+             f"{res['chunk']} files, {res['repeats']} passes; `cpu.train(roi=True/False)`. "
+             "Ratio: median of per-chunk ratios.",
              "", "| variant | ms/image | images/s/core | time / full decode | time / train (Pillow) |",
              "|---|---:|---:|---:|---:|"]
     tp = res["ms_per_image"]["train (Pillow)"]
@@ -117,15 +131,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     a = p.parse_args()
     cpu_id = a.cpu if a.cpu is not None else min(os.sched_getaffinity(0))
-    res = measure(a.root, a.files, a.repeats, cpu_id)
-    command = " ".join([os.path.relpath(sys.executable), *sys.argv])
-    table = markdown(res, command)
-    print(table)
-    if a.out:
-        with open(a.out + ".json", "w") as f:
-            json.dump(res, f, indent=1)
-        with open(a.out + ".md", "w") as f:
-            f.write(table)
+    res = {"command": report.command(), **measure(a.root, a.files, a.repeats, cpu_id)}
+    report.write(a.out, res, markdown(res))
 
 
 if __name__ == "__main__":

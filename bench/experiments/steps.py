@@ -1,6 +1,6 @@
 """Microseconds per image for each step of coordl's `train` path, and three levers side by side.
 
-    .venv/bin/python bench/steps.py /work/bench-data/photo --out bench/results/steps-photo
+    .venv/bin/python bench/experiments/steps.py /work/bench-data/photo --out bench/results/steps-photo
 
 One core (`--cpu`), no profiler: each step of what a worker does per item
 (pipelines/cpu.py's region-decoder path, in the same order) is timed with
@@ -18,7 +18,6 @@ Rounds interleave the variants (A B A B ...) so that other tenants hit both alik
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -33,6 +32,9 @@ import coordl
 from coordl.cache import storage
 from coordl.pipelines import cpu as cpu_pipeline
 from coordl.pipelines import crop, roi
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, for report.py
+import report  # noqa: E402
 
 BATCH = 64
 ns = time.perf_counter_ns
@@ -144,9 +146,9 @@ def main() -> None:
     steps = list(per["now"][0])
     lines = [
         "# Per-image time of each step, coordl `train` (one core)", "",
-        f"Command: `.venv/bin/python bench/steps.py {a.root} --files {a.files} --rounds {a.rounds}"
-        + (f" --out {a.out}`" if a.out else "`"), "",
-        f"{len(idx)} files of {a.root}, output {size}x{size}, batches of {BATCH}; median of {a.rounds} rounds.", "",
+        f"Command: `{report.command()}`", "",
+        f"{len(idx)} files of {report.portable(a.root)}, output {size}x{size}, batches of {BATCH}; "
+        f"median of {a.rounds} rounds.", "",
         "| step | us / image | share |", "|---|---:|---:|",
     ]
     total = med("now")
@@ -166,13 +168,7 @@ def main() -> None:
             before, after = med(v, key), med("now", key)
         result["levers"][v] = {"step": key, "before": before, "after": after}
         lines.append(f"| {v} | {key} | {before:.1f} | {after:.1f} | {before - after:.1f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out + ".md", "w") as f:
-            f.write(text)
-        with open(a.out + ".json", "w") as f:
-            json.dump(result, f, indent=1)
+    report.write(a.out, {"command": report.command(), **result}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
