@@ -92,24 +92,29 @@ def test_stats_count_every_read_and_decode_over_workers(tiny_root):
 
 def test_drop_in_on_tensor_dataset_with_every_argument():
     data = TensorDataset(torch.arange(100).float().view(50, 2), torch.arange(50))
-    seen = []
+    inits = torch.zeros(2, 2, dtype=torch.int64).share_memory_()  # [loader, worker], seen across processes
 
-    def init(worker_id):
-        seen.append(worker_id)
+    def init_for(row):
+        def init(worker_id):
+            inits[row, worker_id] += 1
+        return init
 
     def collate(batch):
         return torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch])
 
     kwargs = dict(batch_size=7, shuffle=True, num_workers=2, collate_fn=collate, drop_last=True,
-                  timeout=30, worker_init_fn=init, prefetch_factor=3, persistent_workers=True,
+                  timeout=30, prefetch_factor=3, persistent_workers=True,
                   pin_memory=False, multiprocessing_context="fork")
-    ours = coordl.DataLoader(data, generator=torch.Generator().manual_seed(1), **kwargs)
-    ref = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(1), **kwargs)
+    ours = coordl.DataLoader(data, generator=torch.Generator().manual_seed(1), worker_init_fn=init_for(0), **kwargs)
+    ref = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(1),
+                                      worker_init_fn=init_for(1), **kwargs)
     for _ in range(2):
         a, b = list(ours), list(ref)
         assert len(a) == len(b) == 7
         for (xa, ya), (xb, yb) in zip(a, b):
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert inits.tolist() == [[1, 1], [1, 1]]  # each persistent worker initialised once, in both
+    del ours, ref
     sampler = torch.utils.data.SequentialSampler(data)
     bs = torch.utils.data.BatchSampler(sampler, 10, False)
     assert [y.tolist() for _, y in coordl.DataLoader(data, batch_sampler=bs)] == \
