@@ -77,3 +77,81 @@ def photo_root(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("photo"))
     make_dataset(root, images=24, classes=3, seed=2, large_fraction=0.25, workers=1, progress=False)
     return root
+
+
+# -- real redis-server processes for the partitioned cache (coordl.cache.redisnode) --
+
+class RedisNode:
+    """One redis-server child on a free loopback port, configured as `coordl cache-node start` does."""
+
+    def __init__(self, directory: str, memory: int, password: str | None) -> None:
+        self.directory, self.memory, self.password = directory, memory, password
+        self.proc = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return self.cfg.url
+
+    @property
+    def cfg(self):
+        from coordl.cache.redisnode import NodeConfig
+        return NodeConfig(port=self.port, memory=self.memory, password=self.password)
+
+    def start(self, port: int | None = None) -> RedisNode:
+        """Start (again, on the same port when it had one); wait until it answers PING."""
+        import socket
+
+        from coordl.cache import redisnode
+        from coordl.errors import CacheError
+        for _ in range(5):
+            if port or self.port:
+                self.port = port or self.port
+            else:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    self.port = s.getsockname()[1]
+            self.proc = redisnode.launch(self.cfg, self.directory)
+            try:
+                redisnode.wait_ready(self.url, self.proc)
+                return self
+            except CacheError:
+                self.stop()
+                if port:
+                    raise
+                self.port = 0  # the free port was taken meanwhile: pick another
+        raise RuntimeError("could not start redis-server on a free port")
+
+    def stop(self) -> None:
+        """SIGTERM and wait: the server holds nothing on disk (no RDB/AOF)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def client(self):
+        import redis
+        return redis.Redis.from_url(self.url)
+
+
+@pytest.fixture
+def redis_nodes(tmp_path):
+    """start(memory=64MiB, password=None) -> a running RedisNode; every node is stopped at the end
+    of the test, and checked to be gone (its process reaped, its port closed)."""
+    import socket
+
+    nodes: list[RedisNode] = []
+
+    def start(memory: int = 64 * 2**20, password: str | None = None) -> RedisNode:
+        node = RedisNode(str(tmp_path / f"redis{len(nodes)}"), memory, password)
+        nodes.append(node)
+        return node.start()
+
+    yield start
+    for node in nodes:
+        node.stop()
+    for node in nodes:
+        assert node.proc.returncode is not None, f"redis-server on port {node.port} still running"
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", node.port)) != 0, f"port {node.port} still answers"
