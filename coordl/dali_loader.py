@@ -1,0 +1,189 @@
+"""The DALI backend of `coordl.DataLoader(dataset, ..., backend="dali")`: one epoch's batches.
+
+    loader._index_sampler ──> batches of indices (each with its .epoch)
+    dataset.fetch(i) ───────> encoded bytes (MinIO cache, then storage; counted)
+    pipelines/dali.Prep ────> DALI decode + crop + resize + flip, `depth` batches in flight
+                        ───> Batch([images uint8 (B, 3, H, W), labels int64 (B,)])
+
+Same epoch order, labels and augmentation as the CPU backend: the order is
+the loader's sampler (seed, epoch -> order), an item's crop and flip are
+drawn from `crop.item_rng(seed, epoch, item)` as on the CPU
+(pipelines/dali.py), so both backends crop the same boxes and a batch is a
+pure function of (seed, epoch, items). Counters as the CPU backend's:
+fetch counts storage reads and cache hits, every item handed to the decoder
+counts one ``decodes``, every one yielded one ``samples``, every one
+dropped by ``on_error="skip"`` one ``errors_skipped``.
+
+Threads: ``num_workers=W`` gives DALI ``num_threads=max(W, 1)`` decode
+threads, in the training process (no worker processes); the calling
+thread fetches bytes and plans crops while they decode. ``prefetch_factor``
+(default 2) is the number of batches in flight. Images are contiguous
+(B, 3, H, W) (the CPU backend's are the same shape, in channels_last
+memory); ``device="gpu"`` decodes with nvJPEG ("mixed") and yields CUDA
+images on the current device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from coordl.pipelines import dali
+
+from .errors import ConfigError, SampleError
+
+
+def require_dali() -> None:
+    """Raise ConfigError with the install hint (``pip install coordl[dali]``) if DALI is missing."""
+    dali.require()
+
+
+def dali_threads(num_workers: int) -> int:
+    """DALI's ``num_threads`` for a loader's ``num_workers``."""
+    return max(int(num_workers), 1)
+
+
+def _check(loader) -> None:
+    ds = loader.dataset
+    missing = [a for a in ("fetch", "manifest", "transform", "size", "seed", "on_error") if not hasattr(ds, a)]
+    if missing:
+        raise ConfigError(f"backend='dali' needs a coordl.ImageFolder-like dataset; "
+                          f"{type(ds).__name__} has no {', '.join(missing)}: use coordl.ImageFolder")
+    if ds.transform not in dali.TRANSFORMS:
+        raise ConfigError(f"backend='dali' runs transform='train' or 'val'; the dataset has "
+                          f"transform={ds.transform!r}: use one of them, or the CPU backend")
+    if not loader._auto_collation:
+        raise ConfigError("backend='dali' needs batches: pass batch_size (or batch_sampler), not batch_size=None")
+    if loader.collate_fn.__name__ != "collate" or loader.collate_fn.__module__ != "coordl.loader":
+        raise ConfigError(f"backend='dali' builds its batches itself; collate_fn={loader.collate_fn!r} "
+                          "would be ignored: leave collate_fn unset, or use the CPU backend")
+
+
+def _batch_size(loader) -> int:
+    size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
+    if not isinstance(size, int):
+        raise ConfigError(f"backend='dali' needs the largest batch size up front; batch_sampler="
+                          f"{loader.batch_sampler!r} has no int batch_size attribute: give it one")
+    return size
+
+
+def _gpu_export(tensors) -> torch.Tensor:
+    from nvidia.dali.plugin.pytorch import feed_ndarray
+
+    dense = tensors.as_tensor()
+    out = torch.empty(dense.shape(), dtype=torch.uint8, device=torch.device("cuda", torch.cuda.current_device()))
+    feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream())
+    return out
+
+
+class DaliEpoch(Iterator):
+    """One epoch of the DALI backend: an iterator with `len` (what ``iter(loader)`` returns)."""
+
+    def __init__(self, loader, device: str = "cpu") -> None:
+        _check(loader)
+        self._loader, self._device = loader, device
+        self._ds = getattr(loader, "_bound", None) or loader.dataset
+        self._len = len(loader._index_sampler)
+        self._gen = self._run()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __next__(self):
+        return next(self._gen)
+
+    def close(self) -> None:
+        self._gen.close()
+
+    def _prep(self) -> dali.Prep:
+        ds, loader = self._ds, self._loader
+        gpu = self._device == "gpu"
+        recipe = dali.Recipe(ds.transform, ds.size, ds.seed, layout="CHW", device=self._device)
+        return dali.Prep(recipe, _batch_size(loader), dali_threads(loader.num_workers),
+                         device_id=torch.cuda.current_device() if gpu else None,
+                         depth=loader.prefetch_factor or 2, export=_gpu_export if gpu else None)
+
+    def _run(self):
+        from .loader import Batch  # here: loader.py imports this module
+
+        batches = iter(self._loader._index_sampler)
+        prep = self._prep()
+        try:
+            while True:
+                while prep.pending < prep.depth and self._submit(prep, batches):
+                    pass
+                if not prep.pending:
+                    return
+                images, labels = self._finish(prep.take())
+                yield Batch([images, labels])
+        finally:
+            del prep  # DALI's threads go with the pipeline
+
+    def _submit(self, prep: dali.Prep, batches) -> bool:
+        """Fetch and schedule the next batch of indices; False at the end of the epoch."""
+        indices = next(batches, None)
+        if indices is None:
+            return False
+        raws, items = [], []
+        for i in indices:
+            raw = self._try(int(i), lambda i=i: self._ds.fetch(int(i)))
+            if raw is not None:
+                raws.append(raw)
+                items.append(int(i))
+        self._ds.counters.add(decodes=len(items))
+        prep.submit(raws, items, int(getattr(indices, "epoch", 0)), tag=items)
+        return True
+
+    def _finish(self, result: dali.Result) -> tuple[torch.Tensor, Any]:
+        items = result.tag
+        for pos, err in result.errors.items():
+            self._try(items[pos], None, err)
+        kept = [items[pos] for pos in result.kept]
+        self._ds.counters.add(samples=len(kept))
+        size = self._ds.size
+        if not kept:
+            images = torch.empty((0, 3, size, size), dtype=torch.uint8)
+        elif isinstance(result.images, torch.Tensor):
+            images = result.images
+        else:
+            images = torch.from_numpy(result.images)
+            if self._device == "gpu":
+                images = images.to(torch.device("cuda", torch.cuda.current_device()))
+        if self._loader.pin_memory and images.device.type == "cpu" and torch.cuda.is_available():
+            images = images.pin_memory()
+        return images, self._labels(kept)
+
+    def _labels(self, kept: list[int]):
+        ds = self._ds
+        if getattr(ds, "target_transform", None) is None:
+            return torch.from_numpy(ds.manifest.labels[kept].astype("int64", copy=False))
+        return torch.utils.data.default_collate([ds.target_transform(int(ds.manifest.labels[i])) for i in kept])
+
+    def _try(self, item: int, work, err: SampleError | None = None):
+        """`work()`, or handle `err`: raise it naming the file, or (on_error="skip") count it."""
+        if err is None:
+            try:
+                return work()
+            except SampleError as e:
+                err = e
+        if self._ds.on_error != "skip":
+            path = self._ds.manifest.path(item)
+            msg = str(err) if str(err).startswith(path) else \
+                f"{path}: {err}: replace or remove the file, or pass on_error='skip'"
+            raise SampleError(msg) from None
+        self._ds.counters.add(errors_skipped=1)
+        return None
+
+
+def dali_epoch(loader, device: str | None = None) -> DaliEpoch:
+    """The batches of the loader's current epoch through DALI (``device``: "cpu" or "gpu";
+    default the loader's ``dali_device`` attribute, else "cpu")."""
+    require_dali()
+    device = device or getattr(loader, "dali_device", "cpu")
+    if device not in dali.DEVICES:
+        raise ConfigError(f"DALI device={device!r}: use 'cpu' or 'gpu'")
+    if device == "gpu" and not torch.cuda.is_available():
+        raise ConfigError("DALI device='gpu' but torch sees no CUDA device: use device='cpu'")
+    return DaliEpoch(loader, device)
