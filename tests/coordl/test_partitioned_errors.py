@@ -46,7 +46,7 @@ def test_a_server_that_is_not_redis():
     t.start()
     try:
         url = f"redis://127.0.0.1:{httpd.server_address[1]}/0"
-        with pytest.raises(ConfigError, match=rf"{url}.*(not answer as a Redis|cannot connect|did not answer)"):
+        with pytest.raises(ConfigError, match=rf"{url} does not answer as a Redis server"):
             PartitionedCache([url], 0, timeout=2.0)
     finally:
         httpd.shutdown()
