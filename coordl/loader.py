@@ -96,9 +96,8 @@ class _IndexStream:
 
     def __iter__(self) -> Iterator:
         loader = self._loader()
-        epoch, skip, rng = (0, 0, None) if loader is None else (loader.epoch, loader._skip, loader._sampler_rng)
-        if loader is not None:
-            loader._skip = 0
+        epoch, skip, rng = (0, 0, None) if loader is None else (loader.epoch, loader._epoch_skip,
+                                                                 loader._sampler_rng)
         del loader  # a suspended generator (an epoch left unfinished) must not keep the loader alive
         return self._stream(epoch, skip, rng)
 
@@ -224,7 +223,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.backend = backend
         self._next_epoch = 0
         self.epoch = -1
-        self._skip = 0
+        self._skip = 0        # batches of the next epoch already received (load_state_dict)
+        self._epoch_skip = 0  # ... of the epoch under way (torch may iterate the index sampler twice)
         self._position = Position()
         self._sampler_rng = resume.SamplerRNG(self.sampler) if type(self.sampler) is RandomSampler else None
         self.coordinator = None if coordinator is None else connect(
@@ -260,7 +260,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _index_sampler(self):
         sampler = super()._index_sampler
         tag = (EpochBatch if self._auto_collation else EpochIndex) if self._coordl_dataset else None
-        if tag is None and self._sampler_rng is None and not self._skip:
+        if tag is None and self._sampler_rng is None and not self._epoch_skip:
             return sampler
         return _IndexStream(sampler, self, tag)
 
@@ -298,7 +298,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.epoch = self._next_epoch
         self._next_epoch += 1
         pos = self._position
-        pos.epoch, pos.received, pos.active = self.epoch, self._skip, True
+        self._epoch_skip, self._skip = self._skip, 0
+        pos.epoch, pos.received, pos.active = self.epoch, self._epoch_skip, True
         pos.length = len(self) if not isinstance(self.dataset, IterableDataset) else None
         if self._owns_sampler:
             self.sampler.set_epoch(self.epoch)
@@ -307,8 +308,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self.backend == "dali":
             from .dali_loader import dali_epoch
             return dali_epoch(self)
-        if isinstance(self.dataset, IterableDataset) and self._skip:
-            return self._replay(super().__iter__(), self._skip)
+        if isinstance(self.dataset, IterableDataset) and self._epoch_skip:
+            pos.received = 0  # the replayed batches are received (and counted) again, then dropped
+            return self._replay(super().__iter__(), self._epoch_skip)
         return super().__iter__()
 
     @property
@@ -317,10 +319,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _replay(self, it, skip: int):
         """An IterableDataset has no positions: read the batches already received again and drop them."""
-        self._skip = 0
+        self._epoch_skip = 0
         for n, batch in enumerate(it):
             if n >= skip:
-                self._position.received += 1
                 yield batch
 
     # -- resume --
