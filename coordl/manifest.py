@@ -3,25 +3,38 @@
 Items are integers into the manifest. Everything is held in a few flat numpy
 arrays (one bytes blob for all paths plus offsets), never one Python object
 per item, so worker processes that fork from the loader share the pages
-instead of copying them on access. The manifest's hash is the dataset
-fingerprint: every cache key and shared-memory name carries it, so a changed
-file (new size or modification time) can never be served stale bytes.
+instead of copying them on access.
+
+`scan` builds it: it loads the persisted manifest of an unchanged root
+(coordl/manifest_store.py says what "unchanged" means and where the file
+lives), or walks the tree (coordl/manifest_scan.py) and persists the result.
+The fingerprint that names the dataset in every cache key, segment and Redis
+key covers paths, sizes, labels, whole-second mtimes and the bytes of a
+deterministic sample of files; the exact rule, and how a same-size edit with
+its mtime restored is caught, is in coordl/manifest_identity.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import manifest_identity as ident
+from . import manifest_store as store
 from .errors import DatasetError
+from .manifest_scan import Walk, walk
 
 IMG_EXTENSIONS: tuple[str, ...] = (
     ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
 )
+
+SCAN_THREADS = 8
+# Full walks of a tree done by this process (tests count them; a load from the store is not one).
+SCANS = {"walks": 0, "loads": 0}
 
 
 @dataclass(frozen=True)
@@ -33,7 +46,10 @@ class Manifest:
     sizes: np.ndarray         # int64 file sizes in bytes (-1: could not stat)
     mtimes: np.ndarray        # int64 modification times in ns
     labels: np.ndarray        # int64 class index per item
-    fingerprint: str          # sha256 hex of the manifest (first 16 chars used in names)
+    fingerprint: str          # sha256 hex (manifest_identity; first 16 chars used in names)
+    identity: str = ""        # the portable part of the fingerprint (equal on faithful copies)
+    revision: str = ""        # local silent-revision token ("" unless a rescan found one)
+    source: str = "scan"      # "scan" (walked now) or the persisted manifest file it was loaded from
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -55,12 +71,17 @@ def scan(
     extensions: Sequence[str] | None = IMG_EXTENSIONS,
     is_valid_file: Callable[[str], bool] | None = None,
     allow_empty: bool = False,
+    *,
+    rescan: bool = False,
+    manifest_cache: str | os.PathLike | None = None,
 ) -> Manifest:
-    """Build the manifest of an ImageFolder tree: ``root/<class>/**/<file>``.
+    """The manifest of an ImageFolder tree ``root/<class>/**/<file>``.
 
     Classes are the sorted sub-folder names; files are sorted by relative
     path. ``allow_empty`` keeps a class folder that holds no valid file
-    (its index stays reserved) instead of raising.
+    (its index stays reserved) instead of raising. ``rescan=True`` walks the
+    tree even if a persisted manifest says it is unchanged; ``manifest_cache``
+    is the folder of persisted manifests (None: the default, "off": none).
     """
     root = os.path.abspath(os.path.expanduser(os.fspath(root)))
     if not os.path.isdir(root):
@@ -69,56 +90,127 @@ def scan(
             "holds one sub-folder per class (root/<class>/<image>), e.g. made with "
             "`coordl make-dataset DIR`"
         )
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-    if not classes:
-        raise DatasetError(
-            f"dataset root {root!r} has no class sub-folders: ImageFolder expects root/<class>/<image>"
-        )
-    if is_valid_file is None:
-        exts = tuple(e.lower() for e in (extensions or IMG_EXTENSIONS))
+    exts = None if is_valid_file is not None else tuple(e.lower() for e in (extensions or IMG_EXTENSIONS))
+    folder = None if is_valid_file is not None else store.directory(manifest_cache)
+    if folder is None:
+        return _build(root, exts, is_valid_file, extensions, allow_empty, None)[0]
+    path = store.entry_path(folder, root, {"extensions": exts, "allow_empty": bool(allow_empty)})
+    waiting_since = time.time_ns()
+    try:
+        lock = store.locked(path)
+        lock.__enter__()
+    except OSError as e:
+        store.warn(path, e)
+        return _build(root, exts, is_valid_file, extensions, allow_empty, None)[0]
+    try:
+        header = store.read_header(path)
+        if header is not None and header.get("root") == root and not rescan \
+                and store.unchanged(header, root, waiting_since):
+            arrays = store.read_arrays(path, header)
+            if arrays is not None:
+                SCANS["loads"] += 1
+                return _from_store(root, header, arrays, path)
+        previous = None
+        if header is not None and header.get("root") == root:
+            arrays = store.read_arrays(path, header, local=True)
+            previous = None if arrays is None else (header, arrays)
+        m, record = _build(root, exts, is_valid_file, extensions, allow_empty, previous)
+        try:
+            store.save(path, *record)
+        except OSError as e:
+            store.warn(path, e)
+        return m
+    finally:
+        lock.__exit__(None, None, None)
 
-        def is_valid_file(p: str) -> bool:
-            return p.lower().endswith(exts)
 
-    rels: list[bytes] = []
-    sizes: list[int] = []
-    mtimes: list[int] = []
-    labels: list[int] = []
-    for label, cls in enumerate(classes):
-        found = 0
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls), followlinks=True):
-            dirnames.sort()
-            for name in sorted(filenames):
-                full = os.path.join(dirpath, name)
-                if not is_valid_file(full):
-                    continue
-                try:
-                    st = os.stat(full)
-                    size, mtime = st.st_size, st.st_mtime_ns
-                except OSError:  # broken link, vanished file: fails (or is skipped) at read time
-                    size, mtime = -1, 0
-                rels.append(os.path.relpath(full, root).encode("utf-8", "surrogateescape"))
-                sizes.append(size)
-                mtimes.append(mtime)
-                labels.append(label)
-                found += 1
-        if found == 0 and not allow_empty:
-            raise DatasetError(
-                f"class folder {os.path.join(root, cls)!r} holds no image "
-                f"(extensions {', '.join(extensions or IMG_EXTENSIONS)}): remove the folder, "
-                "add images to it, or pass on_error='skip' to keep it as an empty class"
-            )
-    if not rels:
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    off = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return off
+
+
+def _from_store(root: str, header: dict, a: dict[str, np.ndarray], path: str) -> Manifest:
+    labels = np.repeat(np.arange(len(a["class_counts"]), dtype=np.int64), a["class_counts"])
+    return Manifest(root, tuple(header["classes"]), a["blob"], _offsets(a["lengths"].astype(np.int64)),
+                    a["sizes"], a["mtimes"], labels, header["fingerprint"], header["identity"],
+                    header["revision"], path)
+
+
+def _build(root, exts, is_valid_file, extensions, allow_empty, previous) -> tuple[Manifest, tuple]:
+    scan_ns = time.time_ns()
+    w = walk(root, exts, is_valid_file, SCAN_THREADS)
+    SCANS["walks"] += 1
+    if not allow_empty:
+        for cls, count in zip(w.classes, w.class_counts.tolist()):
+            if count == 0:
+                raise DatasetError(
+                    f"class folder {os.path.join(root, cls)!r} holds no image "
+                    f"(extensions {', '.join(extensions or IMG_EXTENSIONS)}): remove the folder, "
+                    "add images to it, or pass on_error='skip' to keep it as an empty class"
+                )
+    if len(w.sizes) == 0:
         raise DatasetError(f"dataset root {root!r} holds no image file in any class folder")
-    offsets = np.zeros(len(rels) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in rels], out=offsets[1:])
-    blob = np.frombuffer(b"".join(rels), dtype=np.uint8)
-    size_arr = np.asarray(sizes, dtype=np.int64)
-    mtime_arr = np.asarray(mtimes, dtype=np.int64)
-    label_arr = np.asarray(labels, dtype=np.int64)
-    h = hashlib.sha256()
-    h.update("\0".join(classes).encode())
-    for arr in (offsets, size_arr, mtime_arr, label_arr):
-        h.update(arr.tobytes())
-    h.update(blob.tobytes())
-    return Manifest(root, tuple(classes), blob, offsets, size_arr, mtime_arr, label_arr, h.hexdigest())
+    blob = np.frombuffer(w.blob, dtype=np.uint8)
+    offsets = _offsets(w.lengths)
+    labels = np.repeat(np.arange(len(w.classes), dtype=np.int64), w.class_counts)
+    pos = ident.sample_positions(len(w.sizes))
+    rels = [blob[offsets[i]:offsets[i + 1]].tobytes().decode("utf-8", "surrogateescape") for i in pos.tolist()]
+    content = ident.content_digest([os.path.join(root, r) for r in rels], pos, SCAN_THREADS)
+    identity = ident.identity(w.classes, blob, offsets, w.sizes, w.mtimes, labels, content)
+    revision = ""
+    if previous is not None:
+        revision = ident.next_revision(previous[0].get("revision", ""), *_silent_revisions(w, previous))
+    fp = ident.fingerprint(identity, revision)
+    m = Manifest(root, tuple(w.classes), blob, offsets, w.sizes, w.mtimes, labels, fp, identity, revision)
+    sample = [[r, [int(w.sizes[i]), int(w.mtimes[i]), int(w.ctimes[i]), int(w.inodes[i])]
+               if w.sizes[i] >= 0 else None] for r, i in zip(rels, pos.tolist())]
+    header = {"root": root, "classes": w.classes, "n": len(w.sizes), "scan_ns": scan_ns,
+              "racy": store.is_racy(w.dirs, scan_ns), "dirs": [list(d) for d in w.dirs],
+              "sample": sample, "identity": identity, "revision": revision, "fingerprint": fp}
+    small = np.uint16 if len(w.lengths) and int(w.lengths.max()) < 65536 else np.int64
+    arrays = {"blob": blob, "lengths": w.lengths.astype(small), "sizes": w.sizes, "mtimes": w.mtimes,
+              "class_counts": w.class_counts, "ctimes": w.ctimes, "inodes": w.inodes}
+    return m, (header, arrays)
+
+
+def _pairs(w: Walk, old: dict[str, np.ndarray], old_classes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(new item, old item) index pairs of the files with the same relative path in both scans:
+    positional for each class whose file list is unchanged, by path only in the classes that changed."""
+    new_off, old_off = _offsets(w.lengths), _offsets(old["lengths"].astype(np.int64))
+    new_blob, old_blob = np.frombuffer(w.blob, dtype=np.uint8), old["blob"]
+    new_start, old_start = _offsets(w.class_counts), _offsets(old["class_counts"])
+    old_of = {c: k for k, c in enumerate(old_classes)}
+    ns, os_ = [], []
+    for k, cls in enumerate(w.classes):
+        j = old_of.get(cls)
+        if j is None:
+            continue
+        a, b = int(new_start[k]), int(new_start[k + 1])
+        c, d = int(old_start[j]), int(old_start[j + 1])
+        na, oa = new_off[a:b + 1] - new_off[a], old_off[c:d + 1] - old_off[c]
+        if b - a == d - c and np.array_equal(na, oa) and np.array_equal(
+                new_blob[new_off[a]:new_off[b]], old_blob[old_off[c]:old_off[d]]):
+            ns.append(np.arange(a, b, dtype=np.int64))
+            os_.append(np.arange(c, d, dtype=np.int64))
+            continue
+        where = {old_blob[old_off[i]:old_off[i + 1]].tobytes(): i for i in range(c, d)}
+        hits = [(i, where.get(new_blob[new_off[i]:new_off[i + 1]].tobytes(), -1)) for i in range(a, b)]
+        ns.append(np.array([i for i, h in hits if h >= 0], dtype=np.int64))
+        os_.append(np.array([h for _, h in hits if h >= 0], dtype=np.int64))
+    empty = np.zeros(0, dtype=np.int64)
+    return (np.concatenate(ns) if ns else empty), (np.concatenate(os_) if os_ else empty)
+
+
+def _silent_revisions(w: Walk, previous: tuple[dict, dict]) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """Files whose size and whole-second mtime match the previous scan's but whose
+    (mtime_ns, ctime_ns, inode) do not (manifest_identity.py, "silent revision")."""
+    header, old = previous
+    n, o = _pairs(w, old, header["classes"])
+    same_identity = (w.sizes[n] == old["sizes"][o]) & (w.sizes[n] >= 0) & (
+        w.mtimes[n] // 1_000_000_000 == old["mtimes"][o] // 1_000_000_000)
+    moved = (w.mtimes[n] != old["mtimes"][o]) | (w.ctimes[n] != old["ctimes"][o]) | (w.inodes[n] != old["inodes"][o])
+    hit = n[same_identity & moved]
+    off = _offsets(w.lengths)
+    rels = [w.blob[off[i]:off[i + 1]] for i in hit.tolist()]
+    return rels, w.ctimes[hit], w.inodes[hit]

@@ -1,0 +1,191 @@
+"""The persisted manifest: a root scanned once is loaded, not rescanned, at every later start.
+
+Where: ``$COORDL_MANIFEST_CACHE``, else ``$XDG_CACHE_HOME/coordl/manifests``,
+else ``~/.cache/coordl/manifests``; ``ImageFolder(..., manifest_cache=DIR)``
+names another folder and ``manifest_cache="off"`` (or the variable set to
+``off``) turns it off. One file per (root, extensions, allow_empty), named by
+their sha256. A custom ``is_valid_file`` is a function coordl cannot compare
+between runs, so a dataset built with one is always scanned.
+
+"Unchanged", checked at every start before the file's arrays are read:
+
+1. the file is whole: its magic, format and per-array xxh3 checksums match;
+2. the root and every folder the scan listed (class folders, their
+   sub-folders, folders reached through symlinks) have the (st_mtime_ns,
+   st_ctime_ns, st_ino, st_dev) they had *before* the scan listed them:
+   adding, removing or renaming an entry changes its folder's mtime and ctime,
+   and ``os.utime`` cannot set a ctime back;
+3. each sampled file (manifest_identity.sample_positions) has the
+   (st_size, st_mtime_ns, st_ctime_ns, st_ino) recorded: the files whose bytes
+   are in the fingerprint cannot change under it;
+4. no recorded folder is *racy*: its mtime is older than RACY_NS before the
+   scan began (a change in the same timestamp tick as the folder's last one
+   would not move its mtime, as git's "racy index" rule says). A racy
+   manifest is still written, and is used only by processes that started
+   waiting for it before its scan began (ranks starting together on a fresh
+   tree scan once); every later start rescans until the folders settle.
+
+Anything else rescans the whole root; so does ``rescan=True``. What the check
+cannot see: a file rewritten in place (same path, no rename) outside the
+sample; run with ``rescan=True`` after editing files in place (see
+manifest_identity.py for what the full scan then catches).
+
+Writers: a flock on ``<file>.lock`` makes one process scan while the others
+of the same moment wait and then load its result (the lock dies with its
+process); the file is written under a temporary name in the same folder and
+renamed over the old one, so a reader sees the old file or the new one, never
+a torn one. A folder coordl cannot create or write means a scan and one
+`ManifestCacheWarning`, never an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import xxhash
+
+from .manifest_identity import FORMAT
+
+MAGIC = b"COORDLM2"
+RACY_NS = 2_000_000_000
+ENV = "COORDL_MANIFEST_CACHE"
+LOCAL_ARRAYS = ("ctimes", "inodes")  # read only when a rescan compares against the old scan
+
+
+class ManifestCacheWarning(UserWarning):
+    """The persisted-manifest folder cannot be used; the dataset was scanned instead."""
+
+
+def directory(manifest_cache: str | os.PathLike | None) -> str | None:
+    """The folder for persisted manifests, or None when turned off."""
+    value = os.fspath(manifest_cache) if manifest_cache is not None else os.environ.get(ENV)
+    if value is not None:
+        return None if value in ("off", "") else os.path.abspath(os.path.expanduser(value))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "coordl", "manifests")
+
+
+def entry_path(folder: str, root: str, params: dict) -> str:
+    key = json.dumps({"root": root, **params}, sort_keys=True).encode("utf-8", "surrogatepass")
+    return os.path.join(folder, hashlib.sha256(key).hexdigest()[:32] + ".manifest")
+
+
+def warn(path: str, e: OSError) -> None:
+    warnings.warn(f"persisted manifest {path!r} cannot be used ({e}): the dataset is scanned at every "
+                  "start; pass manifest_cache=<a writable folder> (or set COORDL_MANIFEST_CACHE), or "
+                  "manifest_cache='off' to silence this", ManifestCacheWarning, stacklevel=4)
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """Hold the writer lock of one manifest file (raises OSError if the folder is unusable)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):  # no lock support (some network filesystems): race, harmlessly
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_header(path: str) -> dict | None:
+    """The header of a persisted manifest, or None if missing, foreign or torn."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            if len(head) != 16 or head[:8] != MAGIC:
+                return None
+            n = int.from_bytes(head[8:], "little")
+            header = json.loads(f.read(n))
+            size = os.fstat(f.fileno()).st_size
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("total") != size:
+        return None
+    return header
+
+
+def read_arrays(path: str, header: dict, local: bool = False) -> dict[str, np.ndarray] | None:
+    """The arrays of a persisted manifest (with ctimes/inodes when `local`), or None if torn."""
+    out = {}
+    try:
+        with open(path, "rb") as f:
+            for name, (off, dtype, count, digest) in header["arrays"].items():
+                if name in LOCAL_ARRAYS and not local:
+                    continue
+                f.seek(header["body"] + off)
+                nbytes = count * np.dtype(dtype).itemsize
+                data = f.read(nbytes)
+                if len(data) != nbytes or xxhash.xxh3_64_hexdigest(data) != digest:
+                    return None
+                out[name] = np.frombuffer(data, dtype=dtype)
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+    return out
+
+
+def _stat_key(path: str, fields: tuple[str, ...]) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [getattr(st, f) for f in fields]
+
+
+_DIR_FIELDS = ("st_mtime_ns", "st_ctime_ns", "st_ino", "st_dev")
+_FILE_FIELDS = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino")
+
+
+def unchanged(header: dict, root: str, waiting_since_ns: int) -> bool:
+    """Rules 2-4 of the module docstring (rule 1 is read_header/read_arrays)."""
+    if header.get("racy") and header["scan_ns"] < waiting_since_ns:
+        return False
+    for rel, *rec in header["dirs"]:
+        if _stat_key(os.path.join(root, rel) if rel else root, _DIR_FIELDS) != rec:
+            return False
+    return all(_stat_key(os.path.join(root, rel), _FILE_FIELDS) == rec for rel, rec in header["sample"])
+
+
+def is_racy(dirs: list, scan_ns: int) -> bool:
+    return any(d[1] >= scan_ns - RACY_NS for d in dirs)
+
+
+def save(path: str, header: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Write header + arrays under a temporary name, then rename it over `path`."""
+    table, off, chunks = {}, 0, []
+    for name, arr in arrays.items():
+        data = np.ascontiguousarray(arr).tobytes()
+        table[name] = [off, arr.dtype.str, int(arr.size), xxhash.xxh3_64_hexdigest(data)]
+        pad = -len(data) % 8
+        chunks += [data, b"\0" * pad]
+        off += len(data) + pad
+    header = {**header, "format": FORMAT, "arrays": table}
+    body = 16 + len(json.dumps(header, ensure_ascii=True)) + 64
+    body += -body % 8
+    while True:  # the header holds the body's offset and the file's size: grow until they fit
+        header["body"], header["total"] = body, body + off
+        text = json.dumps(header, ensure_ascii=True).encode()
+        if 16 + len(text) <= body:
+            break
+        body += 8
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + len(text).to_bytes(8, "little") + text)
+            f.write(b"\0" * (body - 16 - len(text)))
+            for c in chunks:
+                f.write(c)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
