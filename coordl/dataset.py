@@ -107,6 +107,10 @@ class ImageFolder(CoordlDataset):
         seed: augmentation seed; an item's randomness is a function of
             (seed, epoch, index).
         target_transform, is_valid_file: as in torchvision.
+        rescan: walk the tree even if its persisted manifest says it is unchanged
+            (after editing files in place; see coordl/manifest_store.py).
+        manifest_cache: folder of persisted manifests (default
+            ``$XDG_CACHE_HOME/coordl/manifests``); ``"off"`` scans at every start.
     """
 
     def __init__(
@@ -119,6 +123,8 @@ class ImageFolder(CoordlDataset):
         seed: int = 0,
         target_transform: Callable | None = None,
         is_valid_file: Callable[[str], bool] | None = None,
+        rescan: bool = False,
+        manifest_cache: str | None = None,
     ) -> None:
         if isinstance(transform, str) and transform not in _TRANSFORMS:
             raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
@@ -126,7 +132,8 @@ class ImageFolder(CoordlDataset):
             raise ConfigError(f"size={size!r} must be a positive int (output height and width)")
         if on_error not in _ON_ERROR:
             raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
-        self.manifest = scan(root, extensions, is_valid_file, allow_empty=on_error == "skip")
+        self.manifest = scan(root, extensions, is_valid_file, allow_empty=on_error == "skip",
+                             rescan=rescan, manifest_cache=manifest_cache)
         self.root = self.manifest.root
         self.transform, self.size, self.on_error, self.seed = transform, size, on_error, int(seed)
         self.target_transform = target_transform
