@@ -3,16 +3,50 @@
     import coordl
     ds = coordl.ImageFolder("/data/imagenet/train", transform="train")
     loader = coordl.DataLoader(ds, batch_size=256, shuffle=True, num_workers=8)
+
+Attributes are imported when first used (PEP 562), so the command line's
+cache, cleanup and status commands start without importing torch.
 """
 
-from .caching import MinIOCache
-from .dataset import ImageFolder, PreparedBatch
-from .errors import CacheError, ConfigError, CoordinatorError, CoordlError, DatasetError, SampleError
-from .loader import DataLoader, collate
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING
+
+from ._version import __version__
+from .errors import CacheError, ConfigError, CoordinatorError, CoordlError, DatasetError, SampleError
+
+#: public name -> module that defines it
+_LAZY = {
+    "DataLoader": ".loader", "collate": ".loader", "loader_stats": ".loader",
+    "ImageFolder": ".dataset", "PreparedBatch": ".dataset", "CoordlDataset": ".dataset",
+    "MinIOCache": ".caching", "PartitionedCache": ".partitioned",
+    "profile": ".profiler",
+}
 
 __all__ = [
-    "DataLoader", "ImageFolder", "MinIOCache", "PreparedBatch", "collate",
+    "DataLoader", "ImageFolder", "CoordlDataset", "MinIOCache", "PartitionedCache", "PreparedBatch",
+    "collate", "loader_stats", "profile", "__version__",
     "CoordlError", "ConfigError", "DatasetError", "SampleError", "CacheError", "CoordinatorError",
 ]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'coordl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:
+    from .caching import MinIOCache
+    from .dataset import CoordlDataset, ImageFolder, PreparedBatch
+    from .loader import DataLoader, collate, loader_stats
+    from .partitioned import PartitionedCache
+    from .profiler import profile

@@ -393,3 +393,24 @@ def _check_dali(dataset, coordl_ds: bool, coordinator) -> None:
                           "its backend with `coordl serve --backend dali` and drop backend= here")
     from .dali_loader import require_dali
     require_dali()
+
+
+def loader_stats(loader: Any) -> dict[str, int]:
+    """The counters of any loader over a coordl dataset, whatever class re-created it.
+
+    `coordl.DataLoader.stats()` for ours; for a loader a framework rebuilt from
+    ``loader.dataset`` (Accelerate's ``DataLoaderShard``, Lightning's re-instantiation),
+    the counters travel with the bound dataset, so they are read from there.
+    """
+    if isinstance(loader, DataLoader):
+        return loader.stats()
+    ds = getattr(loader, "dataset", None)
+    counters = getattr(ds, "counters", None)
+    if not isinstance(counters, Counters):
+        raise ConfigError(f"loader_stats: {type(loader).__name__} does not read a dataset bound by "
+                          "coordl.DataLoader: build a coordl.DataLoader over a coordl dataset first, "
+                          "then hand that loader to the framework")
+    totals = counters.totals()
+    if getattr(ds, "cache", None) is not None:
+        totals.update(ds.cache.stats())
+    return totals
