@@ -45,8 +45,13 @@ def dali_threads(num_workers: int) -> int:
     return max(int(num_workers), 1)
 
 
+def _bound(loader):
+    """The dataset the loader works on (its bound copy, counting into the loader's counters)."""
+    return loader._bound if hasattr(loader, "_bound") else loader.dataset
+
+
 def _check(loader) -> None:
-    ds = loader.dataset
+    ds = _bound(loader)
     missing = [a for a in ("fetch", "manifest", "transform", "size", "seed", "on_error") if not hasattr(ds, a)]
     if missing:
         raise ConfigError(f"backend='dali' needs a coordl.ImageFolder-like dataset; "
@@ -84,7 +89,8 @@ class DaliEpoch(Iterator):
     def __init__(self, loader, device: str = "cpu") -> None:
         _check(loader)
         self._loader, self._device = loader, device
-        self._ds = getattr(loader, "_bound", None) or loader.dataset
+        self._ds = _bound(loader)
+        self._position = getattr(loader, "_position", None)  # what state_dict saves (coordl/iterators.py)
         self._len = len(loader._index_sampler)
         self._gen = self._run()
 
@@ -92,7 +98,15 @@ class DaliEpoch(Iterator):
         return self._len
 
     def __next__(self):
-        return next(self._gen)
+        try:
+            batch = next(self._gen)
+        except StopIteration:
+            if self._position is not None:
+                self._position.active = False
+            raise
+        if self._position is not None:
+            self._position.received += 1
+        return batch
 
     def close(self) -> None:
         self._gen.close()
