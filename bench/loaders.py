@@ -10,6 +10,8 @@ Loaders (each in its own process, started once, warm-up epoch first):
   dali          DALI CPU: readers.file -> decoders.image_random_crop (fused) -> resize
                 -> crop_mirror_normalize(UINT8), device_id=None, num_threads=W
   dali-tuned    the same pipeline with DALI's recommended throughput settings
+  coordl-dali   coordl.DataLoader(..., backend="dali"): DALI CPU (image_slice -> resize ->
+                crop_mirror_normalize) fed bytes by coordl's reader, num_threads=W
   floor         full decode (Image.open(path).load()) of every file on ONE core;
                 the decode floor is that rate x the number of cores
   floor-parallel  the same decode by one process per core at once, measured (shows
@@ -47,6 +49,7 @@ LOADERS = {
     "torch-simd": ["--loader", "torch", "--expect-pil", "simd"],
     "dali": ["--loader", "dali", "--dali-variant", "fused"],
     "dali-tuned": ["--loader", "dali", "--dali-variant", "tuned"],
+    "coordl-dali": ["--loader", "coordl-dali", "--expect-pil", "simd"],
     "floor": ["--loader", "floor", "--expect-pil", "simd"],
     "floor-parallel": ["--loader", "floor-parallel", "--expect-pil", "simd"],
 }
