@@ -19,8 +19,10 @@ threads, in the training process (no worker processes); the calling
 thread fetches bytes and plans crops while they decode. ``prefetch_factor``
 (default 2) is the number of batches in flight. Images are contiguous
 (B, 3, H, W) (the CPU backend's are the same shape, in channels_last
-memory); ``device="gpu"`` decodes with nvJPEG ("mixed") and yields CUDA
-images on the current device.
+memory). ``device="gpu"`` (the loader's ``dali_device`` attribute) decodes
+with nvJPEG ("mixed") and resizes on the GPU; images are CUDA tensors on
+torch's current device when torch has CUDA, else copied to host memory
+(a CPU-only torch wheel on a GPU machine still gets GPU decoding).
 """
 
 from __future__ import annotations
@@ -74,6 +76,13 @@ def _batch_size(loader) -> int:
     return size
 
 
+def gpu_count() -> int:
+    """CUDA devices DALI sees (0 without a GPU or driver); torch may be a CPU-only build."""
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    return int(GetCUDADeviceCount())
+
+
 def _gpu_export(tensors) -> torch.Tensor:
     from nvidia.dali.plugin.pytorch import feed_ndarray
 
@@ -113,11 +122,11 @@ class DaliEpoch(Iterator):
 
     def _prep(self) -> dali.Prep:
         ds, loader = self._ds, self._loader
-        gpu = self._device == "gpu"
+        gpu, cuda_torch = self._device == "gpu", torch.cuda.is_available()
         recipe = dali.Recipe(ds.transform, ds.size, ds.seed, layout="CHW", device=self._device)
         return dali.Prep(recipe, _batch_size(loader), dali_threads(loader.num_workers),
-                         device_id=torch.cuda.current_device() if gpu else None,
-                         depth=loader.prefetch_factor or 2, export=_gpu_export if gpu else None)
+                         device_id=(torch.cuda.current_device() if cuda_torch else 0) if gpu else None,
+                         depth=loader.prefetch_factor or 2, export=_gpu_export if gpu and cuda_torch else None)
 
     def _run(self):
         from .loader import Batch  # here: loader.py imports this module
@@ -163,7 +172,7 @@ class DaliEpoch(Iterator):
             images = result.images
         else:
             images = torch.from_numpy(result.images)
-            if self._device == "gpu":
+            if self._device == "gpu" and torch.cuda.is_available():
                 images = images.to(torch.device("cuda", torch.cuda.current_device()))
         if self._loader.pin_memory and images.device.type == "cpu" and torch.cuda.is_available():
             images = images.pin_memory()
@@ -198,6 +207,7 @@ def dali_epoch(loader, device: str | None = None) -> DaliEpoch:
     device = device or getattr(loader, "dali_device", "cpu")
     if device not in dali.DEVICES:
         raise ConfigError(f"DALI device={device!r}: use 'cpu' or 'gpu'")
-    if device == "gpu" and not torch.cuda.is_available():
-        raise ConfigError("DALI device='gpu' but torch sees no CUDA device: use device='cpu'")
+    if device == "gpu" and gpu_count() == 0:
+        raise ConfigError("DALI device='gpu' but DALI sees no CUDA device (no GPU or no NVIDIA driver): "
+                          "use device='cpu'")
     return DaliEpoch(loader, device)
