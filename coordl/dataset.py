@@ -91,6 +91,11 @@ class CoordlDataset(torch.utils.data.Dataset):
         bound.batch_pool = None
         return bound
 
+    @property
+    def is_bound(self) -> bool:
+        """Is this a loader's bound copy (`bind`)? A loader built over one keeps its binding."""
+        return not isinstance(getattr(self, "counters", _NO_COUNTERS), _NoCounters)
+
 
 class ImageFolder(CoordlDataset):
     """A map-style dataset over ``root/<class>/<image>`` with torchvision's semantics.

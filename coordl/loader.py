@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import torch
-from torch.utils.data import IterableDataset, RandomSampler, default_collate
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, default_collate
 from torch.utils.data.distributed import DistributedSampler
 
 from . import resume
@@ -49,7 +49,7 @@ from .coordinator.client import connect
 from .dataset import CoordlDataset, PreparedBatch
 from .errors import ConfigError
 from .iterators import MultiIter, PooledIter, Position, SingleIter
-from .sampling import PlanSampler, check_rank
+from .sampling import PlanSampler, check_rank, plan_sampler
 from .stats import KEYS, Counters
 
 T_co = TypeVar("T_co", covariant=True)
@@ -201,15 +201,20 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         batched = batch_size is not None or batch_sampler is not None
         if coordl_ds and collate_fn is None and batched:
             collate_fn = collate
-        self.rank, self.world_size, given = _default_ranks(rank, world_size)
+        self._rank, self._world_size, given = _default_ranks(rank, world_size)
         user_sampler, user_shuffle = sampler, bool(shuffle)
-        self._made_sampler = None
+        self._made_sampler = self._rank_sampler = None
         sampler, shuffle = self._sharding(dataset, coordl_ds, sampler, batch_sampler, shuffle,
                                           drop_last, generator, given)
-        self._counters = Counters(num_workers) if coordl_ds else None
-        if coordl_ds:
+        if coordl_ds and dataset.is_bound and cache is None and drop_page_cache is None:
+            # a framework re-created the loader from loader.dataset: keep its counters and cache
+            self._counters = dataset.counters
+        elif coordl_ds:
+            self._counters = Counters(num_workers)
             dataset = dataset.bind(counters=self._counters, **_cache_args(dataset, cache, drop_page_cache))
-        elif cache is not None or drop_page_cache is not None:
+        else:
+            self._counters = None
+        if not coordl_ds and (cache is not None or drop_page_cache is not None):
             raise ConfigError(f"cache= and drop_page_cache= need a coordl dataset (e.g. coordl.ImageFolder), "
                               f"not {type(dataset).__name__}: leave them unset")
         super().__init__(
@@ -227,7 +232,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._epoch_skip = 0  # ... of the epoch under way (torch may iterate the index sampler twice)
         self._position = Position()
         self._sampler_rng = resume.SamplerRNG(self.sampler) if type(self.sampler) is RandomSampler else None
-        self.coordinator = None if coordinator is None else connect(
+        if self._rank_sampler is not None:
+            self._rank_batches = self._rank_sampler if not self._auto_collation else BatchSampler(
+                self._rank_sampler, self.batch_size, self.drop_last)
+        self._coordinator = None if coordinator is None else connect(
             coordinator, dataset, batch_size, user_shuffle, drop_last, timeout,
             custom=[a for a, v in (("sampler", user_sampler),
                                    ("batch_sampler", batch_sampler),
@@ -247,8 +255,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                                   "torch.utils.data.get_worker_info and your rank inside it): drop rank/world_size")
             return sampler, shuffle
         if coordl_ds and generator is None:
-            return PlanSampler(len(dataset), dataset.seed, bool(shuffle), self.rank, self.world_size,
-                               drop_last), None
+            # loader.sampler / loader.batch_sampler hold the whole epoch's order (a framework that
+            # re-shards them, e.g. Accelerate, then shards once); our own iterators take this
+            # rank's share of the same order (_index_sampler)
+            whole = plan_sampler(len(dataset), dataset.seed, bool(shuffle))
+            if self.world_size > 1:
+                self._rank_sampler = PlanSampler(len(dataset), dataset.seed, bool(shuffle), self.rank,
+                                                 self.world_size, drop_last)
+            return whole, None
         if self.world_size > 1:
             seed = generator.initial_seed() if generator is not None else 0
             self._made_sampler = DistributedSampler(dataset, self.world_size, self.rank, shuffle=bool(shuffle),
@@ -256,9 +270,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return self._made_sampler, None
         return sampler, shuffle
 
+    rank = property(lambda self: self._rank, doc="This process's rank among `world_size` (its share).")
+    world_size = property(lambda self: self._world_size, doc="The number of ranks the epoch is split over.")
+    coordinator = property(lambda self: self._coordinator,
+                           doc="The daemon client (coordinator/client.py) when batches come from `coordl serve`.")
+
     @property
     def _index_sampler(self):
-        sampler = super()._index_sampler
+        sampler = self._rank_batches if self._rank_sampler is not None else super()._index_sampler
         tag = (EpochBatch if self._auto_collation else EpochIndex) if self._coordl_dataset else None
         if tag is None and self._sampler_rng is None and not self._epoch_skip:
             return sampler
@@ -281,18 +300,20 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter(loader)`` runs (to resume a run at epoch ``epoch``)."""
-        if self.coordinator is not None:
-            self.coordinator.set_epoch(epoch)
+        if self._coordinator is not None:
+            self._coordinator.set_epoch(epoch)
             return
         self._next_epoch, self._skip = int(epoch), 0
 
     def __len__(self) -> int:
-        coordinator = getattr(self, "coordinator", None)
-        return super().__len__() if coordinator is None else len(coordinator)
+        coordinator = getattr(self, "_coordinator", None)
+        if coordinator is not None:
+            return len(coordinator)
+        return len(self._index_sampler) if getattr(self, "_rank_sampler", None) is not None else super().__len__()
 
     def __iter__(self):
-        if self.coordinator is not None:  # batches come from the daemon: coordinator/client.py
-            epoch = self.coordinator.epoch(self.pin_memory)
+        if self._coordinator is not None:  # batches come from the daemon: coordinator/client.py
+            epoch = self._coordinator.epoch(self.pin_memory)
             self.epoch = epoch.epoch
             return epoch
         self.epoch = self._next_epoch
@@ -301,8 +322,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._epoch_skip, self._skip = self._skip, 0
         pos.epoch, pos.received, pos.active = self.epoch, self._epoch_skip, True
         pos.length = len(self) if not isinstance(self.dataset, IterableDataset) else None
-        if self._owns_sampler:
-            self.sampler.set_epoch(self.epoch)
+        self._set_sampler_epoch(self.epoch)
         if self._coordl_dataset:
             self.dataset.set_epoch(self.epoch)
         if self.backend == "dali":
@@ -313,9 +333,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return self._replay(super().__iter__(), self._epoch_skip)
         return super().__iter__()
 
-    @property
-    def _owns_sampler(self) -> bool:
-        return isinstance(self.sampler, PlanSampler) or self._made_sampler is self.sampler
+    def epoch_indices(self, epoch: int) -> list[int]:
+        """The dataset items this rank gets in `epoch`, in order (a coordl dataset's plan)."""
+        sampler = self._rank_sampler or self.sampler
+        if not isinstance(sampler, PlanSampler):
+            raise ConfigError("epoch_indices needs the loader's own plan (a coordl dataset without a user "
+                              f"sampler or generator); this loader samples with {type(sampler).__name__}")
+        return sampler.indices(epoch).tolist()
+
+    def _set_sampler_epoch(self, epoch: int) -> None:
+        for sampler in (self.sampler, self._rank_sampler):
+            if isinstance(sampler, PlanSampler) or (sampler is not None and sampler is self._made_sampler):
+                sampler.set_epoch(epoch)
 
     def _replay(self, it, skip: int):
         """An IterableDataset has no positions: read the batches already received again and drop them."""
@@ -331,8 +360,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 "items": None if isinstance(ds, IterableDataset) else len(ds),
                 "seed": getattr(ds, "seed", None) if self._coordl_dataset else None,
                 "batch_size": self.batch_size, "drop_last": self.drop_last,
-                "shuffle": type(self.sampler).__name__ if not isinstance(self.sampler, PlanSampler)
-                else self.sampler.shuffle,
+                "shuffle": self.sampler.shuffle if isinstance(self.sampler, PlanSampler)
+                else type(self.sampler).__name__,
                 "rank": self.rank, "world_size": self.world_size}
 
     def state_dict(self) -> dict:
@@ -342,8 +371,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         cannot be restored). ``load_state_dict`` on a fresh loader built the same way then
         yields exactly the remaining batches: same items, augmentation, order and labels.
         """
-        if self.coordinator is not None:
-            return self.coordinator.state_dict()
+        if self._coordinator is not None:
+            return self._coordinator.state_dict()
         pos = self._position
         if pos.unfinished:
             rng = self._sampler_rng.saved if self._sampler_rng is not None else None
@@ -352,8 +381,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue where `state` (from `state_dict`) left off, from the next ``iter(loader)``."""
-        if self.coordinator is not None:
-            self.coordinator.load_state_dict(state)
+        if self._coordinator is not None:
+            self._coordinator.load_state_dict(state)
             return
         epoch, batches, rng = resume.check_state(state, self._identity())
         length = None if isinstance(self.dataset, IterableDataset) else len(self)
@@ -366,8 +395,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats(self) -> dict[str, int]:
         """Counters summed over the main and all worker processes, over the loader's life;
         with a cache also its node-wide state: cache_bytes, cache_items, cache_capacity."""
-        if self.coordinator is not None:
-            return self.coordinator.stats()
+        if self._coordinator is not None:
+            return self._coordinator.stats()
         if self._counters is None:
             return dict.fromkeys(KEYS, 0)
         totals = self._counters.totals()

@@ -99,3 +99,21 @@ class PlanSampler(torch.utils.data.Sampler[int]):
     def __repr__(self) -> str:
         return (f"PlanSampler(items={self.items}, seed={self.seed}, shuffle={self.shuffle}, "
                 f"rank={self.rank}, world_size={self.world_size}, drop_last={self.drop_last})")
+
+
+class ShuffledPlanSampler(PlanSampler, torch.utils.data.RandomSampler):
+    """A shuffled `PlanSampler` that frameworks recognise as shuffled: Lightning's
+    `_is_dataloader_shuffled` and Accelerate look for a `RandomSampler`. Its order is the
+    plan's; RandomSampler's attributes are there for code that reads them."""
+
+    def __init__(self, items: int, seed: int, rank: int = 0, world_size: int = 1, drop_last: bool = False) -> None:
+        PlanSampler.__init__(self, items, seed, True, rank, world_size, drop_last)
+        self.data_source, self.replacement, self._num_samples, self.generator = range(items), False, None, None
+
+    __iter__ = PlanSampler.__iter__
+    __len__ = PlanSampler.__len__
+
+
+def plan_sampler(items: int, seed: int, shuffle: bool) -> PlanSampler:
+    """The whole-epoch sampler of the plan for one process."""
+    return ShuffledPlanSampler(items, seed) if shuffle else PlanSampler(items, seed, False)

@@ -54,7 +54,7 @@ def test_loader_ranks_of_a_coordl_dataset(tiny_root, world_size):
             ids = []
             for _x, y in loader:
                 ids.extend(y.tolist())
-            per_epoch.append(loader.sampler.indices(epoch).tolist())
+            per_epoch.append(loader.epoch_indices(epoch))
             assert len(ids) == len(per_epoch[-1])
         assert len(loader) == -(-share_size(40, world_size) // 4)
         seen.append(per_epoch)
@@ -72,7 +72,7 @@ def test_loader_order_is_the_plan_order_and_labels_follow(tiny_root):
     for epoch in range(2):
         labels = torch.cat([y for _x, y in loader]).tolist()
         assert labels == [int(ds.manifest.labels[i]) for i in epoch_order(len(ds), 2, epoch)]
-    assert isinstance(loader.sampler, PlanSampler)
+    assert isinstance(loader.sampler, PlanSampler) and isinstance(loader.sampler, torch.utils.data.RandomSampler)
     unshuffled = coordl.DataLoader(ds, batch_size=5)
     assert torch.cat([y for _x, y in unshuffled]).tolist() == ds.manifest.labels.tolist()
 
