@@ -25,6 +25,14 @@ class SampleError(CoordlError):
     """One item could not be read or decoded; the message names its file."""
 
 
+class DecodeError(SampleError):
+    """The bytes are not an image coordl can decode: not an image, truncated, corrupt, or too large.
+
+    Raised by coordl.pipelines without a file name (pipelines know pixels, not
+    paths); coordl.dataset re-raises it as a SampleError naming the file.
+    """
+
+
 class CacheError(CoordlError):
     """The shared-memory cache cannot be created, attached or written."""
 

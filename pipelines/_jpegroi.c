@@ -13,8 +13,13 @@
  *
  * header(data) -> (width, height, supported) reads the header only.
  *
- * Errors, and warnings too (corrupt data, premature end of file), raise ValueError with
- * libjpeg's message. The GIL is released while libjpeg runs.
+ * Errors, and the warnings that mean corrupt data (premature end of file, bad Huffman code, a
+ * marker inside the image data, ...), raise ValueError with libjpeg's message; the warnings
+ * about metadata only (JFIF revision, Adobe transform code, ICC marker) are ignored, as
+ * Pillow ignores them. In a single-scan file the bytes below the region, which libjpeg never
+ * reads, are scanned for a marker that cannot be there or a missing EOI (roi_check_tail):
+ * pipelines/roi.py says why that makes this decoder at least as strict as Pillow's full
+ * decode. The GIL is released while libjpeg runs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,13 +53,16 @@ static void roi_error_exit(j_common_ptr cinfo)
 
 static void roi_emit_message(j_common_ptr cinfo, int msg_level)
 {
-    /* msg_level -1 is a warning: corrupt data, premature end of file. Treat it as an error, as
-       Pillow does for a truncated file. Trace messages (>= 0) are ignored. */
-    if (msg_level < 0) {
-        struct roi_error *err = (struct roi_error *)cinfo->err;
-        (*cinfo->err->format_message)(cinfo, err->message);
-        longjmp(err->jump, 1);
-    }
+    /* msg_level -1 is a warning. Those about the pixel data (corrupt data, premature end of
+       file) are errors here; those about metadata alone leave the pixels right and are ignored,
+       as are trace messages (msg_level >= 0). */
+    struct roi_error *err = (struct roi_error *)cinfo->err;
+    int code = err->pub.msg_code;
+
+    if (msg_level >= 0 || code == JWRN_JFIF_MAJOR || code == JWRN_ADOBE_XFORM || code == JWRN_BOGUS_ICC)
+        return;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
 }
 
 static void roi_output_message(j_common_ptr cinfo)
@@ -71,6 +79,35 @@ struct roi_state {
     PyObject *out;
     JSAMPROW rows[16];
 };
+
+/* The entropy-coded bytes [p, end) that libjpeg has not read, of a single-scan file: they may
+   hold only stuffed 0xFF 0x00 pairs, RSTn markers when there is a restart interval, 0xFF fill
+   bytes, and then EOI. `marker` is a marker libjpeg already took out of them (cinfo's
+   unread_marker), or 0. Returns 0, or -1 with `message` set. No libjpeg call, no GIL needed. */
+static int roi_check_tail(const unsigned char *p, const unsigned char *end, int marker, int restarts,
+                          char *message)
+{
+    for (;;) {
+        if (marker == 0xD9)
+            return 0; /* EOI: what follows it is not part of the image */
+        if (marker != 0 && !(restarts && marker >= 0xD0 && marker <= 0xD7)) {
+            snprintf(message, JMSG_LENGTH_MAX,
+                     "Corrupt JPEG data: marker 0x%02x inside the image data, %ld bytes before the "
+                     "end of the file", marker, (long)(end - p));
+            return -1;
+        }
+        p = memchr(p, 0xFF, (size_t)(end - p));
+        if (p == NULL)
+            break;
+        while (p < end && *p == 0xFF) /* one 0xFF, or fill bytes before a marker */
+            p++;
+        if (p == end)
+            break;
+        marker = *p++; /* 0x00 is a stuffed 0xFF: image data */
+    }
+    strcpy(message, "Premature end of JPEG file: no end-of-image marker after the image data");
+    return -1;
+}
 
 /* A zeroed state for `view`'s bytes with the error handlers set; on failure releases `view`,
    sets the Python error and returns NULL. The caller still calls setjmp(st->err.jump). */
@@ -202,6 +239,17 @@ static PyObject *roi_decode(PyObject *self, PyObject *args)
             }
         }
         width = st->cinfo.output_width;
+        /* A single-scan file is read as it is decoded: check the part libjpeg did not read. (A
+           progressive or multi-scan file was read to its end by jpeg_start_decompress.) */
+        if (!st->cinfo.progressive_mode && st->cinfo.comps_in_scan == st->cinfo.num_components) {
+            const unsigned char *start = (const unsigned char *)view.buf;
+            const unsigned char *end = start + view.len;
+            const unsigned char *p = st->cinfo.src->next_input_byte;
+            if (p >= start && p <= end
+                && roi_check_tail(p, end, st->cinfo.unread_marker, st->cinfo.restart_interval != 0,
+                                  st->err.message) != 0)
+                longjmp(st->err.jump, 1);
+        }
     }
     jpeg_abort_decompress(&st->cinfo); /* the rows below the region are never decoded */
     jpeg_destroy_decompress(&st->cinfo);

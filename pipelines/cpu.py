@@ -11,10 +11,16 @@ on the small resized image (in Pillow), then one flat copy into `out`.
 JPEGs go through the region-of-interest decoder when it is built
 (pipelines/roi.py, libjpeg-turbo without Pillow's decoder): only the
 crop's columns are IDCT'd and colour-converted, the rows above it are
-skipped and those below it never read, with the same DCT scale as `draft`.
-It gives the same pixels; anything it declines or fails on (CMYK, a libjpeg
-warning Pillow tolerates, a broken file) takes the Pillow path, which
-decodes it or raises Pillow's usual error.
+skipped and those below it never decoded, with the same DCT scale as `draft`
+(`crop.scale_denom`). It gives the same pixels. What it leaves to Pillow is
+only what it does not support (CMYK, YCCK); what it fails on raises.
+
+Bad input raises `DecodeError` (coordl/errors.py), never garbage pixels:
+unknown or empty bytes, truncated or corrupt data (coordl is at least as
+strict as Pillow's full decode: pipelines/roi.py and pipelines/rows.py say
+how, for the rows each decodes and those below), and images over Pillow's
+decompression-bomb limit (`PIL.Image.MAX_IMAGE_PIXELS`; the message says how
+to raise it). 16-bit greyscale (PNG, TIFF) is scaled to 8 bits.
 
 This module knows pixels, never where bytes come from: errors carry no file
 name; the caller (coordl.dataset) adds it.
@@ -23,40 +29,57 @@ name; the caller (coordl.dataset) adds it.
 from __future__ import annotations
 
 import io
-import math
 import random
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from coordl.errors import SampleError
+from coordl.errors import DecodeError
 
-from . import crop, rows
+from . import crop, markers, rows
 from . import roi as jpegroi
+
+__all__ = ["DecodeError", "check_pixels", "decode", "open_image", "train", "val"]
 
 BILINEAR = Image.Resampling.BILINEAR
 FLIP_LEFT_RIGHT = Image.Transpose.FLIP_LEFT_RIGHT
-#: A DCT-scaled decode must leave the crop at least this many times the output
-#: size: closer to 1, the scaled IDCT's blur is not averaged away by the
-#: resize and PSNR against a full decode drops below 35 dB (bench/results/quality.md).
-DRAFT_MARGIN = 1.25
+#: Pillow's modes for 16-bit greyscale; convert("RGB") would clip them (all white).
+_SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 
 
-class DecodeError(SampleError):
-    """The bytes are not an image Pillow can decode, or the image is truncated."""
+def check_pixels(width: int, height: int) -> None:
+    """DecodeError when width x height is over Pillow's decompression-bomb limit.
+
+    The limit is `PIL.Image.MAX_IMAGE_PIXELS` (None: no limit), the size above
+    which Pillow warns that an image could be a decompression bomb (it raises at
+    twice that); coordl refuses it, so that one file cannot take a worker's
+    memory, and `on_error="skip"` can skip it.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and width * height > limit:
+        raise DecodeError(
+            f"image is {width}x{height} = {width * height:,} pixels, over the decompression-bomb "
+            f"limit of {limit:,} pixels (PIL.Image.MAX_IMAGE_PIXELS): if the file is genuine, raise "
+            f"the limit (PIL.Image.MAX_IMAGE_PIXELS = {width * height}, or None for none) in the "
+            "training script before the loader starts its workers")
 
 
 def open_image(raw: bytes | memoryview) -> Image.Image:
-    """Open (lazily) an encoded image; raises DecodeError for empty or unknown bytes."""
+    """Open (lazily) an encoded image; raises DecodeError for empty, unknown or too large images."""
     if len(raw) == 0:
         raise DecodeError("the file is empty (0 bytes)")
     try:
-        return Image.open(io.BytesIO(raw))
+        img = Image.open(io.BytesIO(raw))
     except UnidentifiedImageError:
         head = bytes(raw[:8])
         raise DecodeError(f"not an image format Pillow can read (starts with {head!r})") from None
-    except (OSError, ValueError) as e:
+    except Image.DecompressionBombError as e:  # over twice the limit: Pillow names no size we need
+        raise DecodeError(f"{e}; raise PIL.Image.MAX_IMAGE_PIXELS (None: no limit) in the "
+                          "training script before the loader starts its workers") from None
+    except (OSError, ValueError, SyntaxError) as e:
         raise DecodeError(f"cannot open image: {e}") from None
+    check_pixels(*img.size)
+    return img
 
 
 def _load_rgb(img: Image.Image) -> Image.Image:
@@ -64,11 +87,19 @@ def _load_rgb(img: Image.Image) -> Image.Image:
         img.load()
     except (OSError, ValueError, SyntaxError) as e:  # truncated data, broken stream
         raise DecodeError(f"cannot decode image ({img.format}): {e}") from None
-    return img if img.mode == "RGB" else img.convert("RGB")
+    if img.mode == "RGB":
+        return img
+    if img.mode in _SIXTEEN_BIT or (img.mode == "I" and img.format == "PNG"):
+        # 16-bit greyscale: keep the high byte (PNG's "I" is 16-bit too, in older Pillow)
+        wide = np.clip(np.asarray(img, dtype=np.int64), 0, 65535) if img.mode == "I" else np.asarray(img)
+        img = Image.fromarray((wide >> 8).astype(np.uint8), "L")
+    return img.convert("RGB")
 
 
 def _decode_for(img: Image.Image, raw, box, size: int, partial: bool) -> Image.Image:
     """The decoded RGB image, or only its top rows when that is all the resize of `box` reads."""
+    if img.format == "JPEG":
+        markers.check(raw, img)  # what Pillow's full decode rejects, wherever the crop is
     if partial and rows.can_stop_early(img):
         top = rows.top_rows(img, raw, rows.rows_for_box(box, size))
         if top is not None:
@@ -77,14 +108,14 @@ def _decode_for(img: Image.Image, raw, box, size: int, partial: bool) -> Image.I
 
 
 def _draft(img: Image.Image, box: tuple[float, float, float, float], size: int) -> tuple:
-    """Ask a JPEG for a DCT-scaled decode that keeps the crop >= size; return the box rescaled."""
+    """Ask a JPEG for the DCT-scaled decode `crop.scale_denom` picks; return the box rescaled."""
     if img.format != "JPEG":
         return box
-    factor = min(box[2], box[3]) / (size * DRAFT_MARGIN)
-    if factor < 2.0:
-        return box
     full_w, full_h = img.size
-    img.draft("RGB", (math.ceil(full_w / factor), math.ceil(full_h / factor)))
+    denom = crop.scale_denom(box, size, (full_w, full_h))
+    if denom == 1:
+        return box
+    img.draft("RGB", (full_w // denom, full_h // denom))  # Pillow's draft then scales by exactly denom
     sx, sy = img.size[0] / full_w, img.size[1] / full_h
     return box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
 
@@ -108,23 +139,9 @@ def _roi_size(raw, use: bool) -> tuple[int, int] | None:
     """The JPEG's (width, height) when the ROI decoder is to decode it, else None (Pillow path)."""
     if not (use and jpegroi.AVAILABLE and jpegroi.is_jpeg(raw)):
         return None
-    try:
-        width, height, supported = jpegroi.header(raw)
-    except DecodeError:
-        return None  # the Pillow path reports it
-    if not supported or (Image.MAX_IMAGE_PIXELS and width * height > Image.MAX_IMAGE_PIXELS):
-        return None  # CMYK/YCCK; huge images get Pillow's decompression-bomb check
-    return width, height
-
-
-def _roi_region(raw, box, size: int, image_size: tuple[int, int], scale: bool):
-    """(RGBX image of the region that resizing `box` reads, box within it), or None: use Pillow."""
-    try:
-        return jpegroi.region_image(raw, box, size, image_size, scale)
-    except DecodeError:
-        # libjpeg-turbo stopped on an error or on a warning (corrupt data): the Pillow path
-        # raises its own error, or decodes what Pillow tolerates, as without the ROI decoder
-        return None
+    width, height, supported = jpegroi.header(raw)  # DecodeError: libjpeg rejects the header
+    check_pixels(width, height)
+    return (width, height) if supported else None  # CMYK/YCCK: Pillow
 
 
 def train(raw, size: int, rng: random.Random, out: np.ndarray | None = None,
@@ -140,10 +157,10 @@ def train(raw, size: int, rng: random.Random, out: np.ndarray | None = None,
     box = crop.random_resized_crop_box(*(roi_size or img.size), rng)
     do_flip = crop.flip(rng)
     if roi_size:
-        got = _roi_region(raw, box, size, roi_size, draft)
+        got = jpegroi.region_image(raw, box, size, roi_size, draft)  # DecodeError: corrupt
         if got is not None:
             return _resize_into(*got, size, do_flip, out)
-        img = open_image(raw)
+        img = open_image(raw)  # a colour space the ROI decoder leaves to Pillow
     if draft:
         box = _draft(img, box, size)
     return _resize_into(_decode_for(img, raw, box, size, partial), box, size, do_flip, out)
@@ -154,7 +171,7 @@ def val(raw, size: int, out: np.ndarray | None = None, draft: bool = True,
     """Resize(size / 0.875) + CenterCrop(size), as uint8 (size, size, 3)."""
     roi_size = _roi_size(raw, roi and partial)
     if roi_size:
-        got = _roi_region(raw, crop.center_crop_box(*roi_size, size), size, roi_size, draft)
+        got = jpegroi.region_image(raw, crop.center_crop_box(*roi_size, size), size, roi_size, draft)
         if got is not None:
             return _resize_into(*got, size, False, out)
     img = open_image(raw)
@@ -166,4 +183,7 @@ def val(raw, size: int, out: np.ndarray | None = None, draft: bool = True,
 
 def decode(raw) -> Image.Image:
     """Full decode to an RGB PIL image (transform=None, user callables)."""
-    return _load_rgb(open_image(raw))
+    img = open_image(raw)
+    if img.format == "JPEG":
+        markers.check(raw, img)
+    return _load_rgb(img)

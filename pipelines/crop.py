@@ -3,6 +3,10 @@
 Planning is separate from pixel work (pipelines/cpu.py) so that tests can
 check the sampling statistics exactly and other pipelines (DALI) can reuse it.
 Boxes are (left, top, width, height) in pixels of the full-size image.
+
+`scale_denom` is the one rule for the DCT-scaled decode of a crop: Pillow's
+`Image.draft` (pipelines/cpu.py) and the region decoder (pipelines/roi.py)
+both ask it, so both scale the same crops by the same factor.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ import random
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 VAL_RESIZE_RATIO = 0.875  # val: shorter side resized to size / 0.875 (224 -> 256)
+#: A DCT-scaled decode must leave the crop at least this many times the output
+#: size: closer to 1, the scaled IDCT's blur is not averaged away by the resize
+#: and PSNR against a full decode drops below 35 dB (34.2 dB at margin 1:
+#: bench/results/README.md, "Quality").
+DRAFT_MARGIN = 1.25
 
 
 _MASK64 = (1 << 64) - 1
@@ -26,8 +35,9 @@ def item_rng(seed: int, epoch: int, index: int) -> random.Random:
     `init_by_array` decorrelates neighbouring seeds). It is the same on every
     platform and Python version `random` keeps its seeding stable for. Python's
     `random.Random` because a crop takes a handful of draws: creating it and
-    drawing costs ~8 us an item, numpy's SeedSequence + PCG64 + Generator
-    calls ~75 us more (bench/results/steps-photo.md).
+    drawing a crop box and a flip costs ~25 us an item, against ~100 us with
+    numpy's SeedSequence + PCG64 + Generator (bench/results/steps-photo.md,
+    step "RNG + crop box + flip draw" and lever "rng").
     """
     return random.Random(((seed & _MASK64) << 128) | ((epoch & _MASK64) << 64) | (index & _MASK64))
 
@@ -75,6 +85,25 @@ def center_crop_box(width: int, height: int, size: int) -> tuple[float, float, f
     top = int(round((rh - crop) / 2.0))
     sx, sy = width / rw, height / rh
     return left * sx, top * sy, crop * sx, crop * sy
+
+
+def scale_denom(box, size: int, image_size: tuple[int, int]) -> int:
+    """The DCT-scale divisor (8, 4, 2 or 1) for decoding `box` of an image to size x size.
+
+    The largest power of two that keeps the crop >= DRAFT_MARGIN x size on its
+    short side, rounded as Pillow's `JpegImageFile.draft` rounds a requested
+    size (its scale is min(full // requested) over both sides), so that asking
+    draft for (full_w // d, full_h // d) gives exactly this d.
+    """
+    factor = min(box[2], box[3]) / (size * DRAFT_MARGIN)
+    if factor < 2.0:
+        return 1
+    full_w, full_h = image_size
+    want = min(full_w // math.ceil(full_w / factor), full_h // math.ceil(full_h / factor))
+    for d in (8, 4, 2):
+        if want >= d:
+            return d
+    return 1
 
 
 def flip(rng: random.Random) -> bool:

@@ -4,9 +4,23 @@ What NVIDIA DALI's fused `decoders.image_random_crop` does on the CPU:
 `jpeg_crop_scanline` limits every row to the crop's columns (aligned down to
 an iMCU, 8 or 16 px), `jpeg_skip_scanlines` skips the rows above the crop
 (Huffman-decoded but not IDCT'd, upsampled or colour-converted) and the rows
-below it are never read. A DCT-scaled decode (1/2, 1/4, 1/8) is chosen by
-the same rule as `Image.draft` in pipelines/cpu.py: only while the scaled
-crop keeps >= DRAFT_MARGIN x the output size on its short side.
+below it are never decoded. A DCT-scaled decode (1/2, 1/4, 1/8) is chosen by
+`crop.scale_denom`, the rule pipelines/cpu.py gives `Image.draft`.
+
+Corrupt data raises `DecodeError` (coordl/errors.py), never a picture of it,
+so coordl is at least as strict as Pillow's full decode (`Image.load()`):
+- libjpeg's corrupt-data warnings are errors, wherever the decoder reads: the
+  region, the rows above it (Huffman-decoded to be skipped) and, for
+  progressive and multi-scan files, the whole file (libjpeg reads every scan
+  before the first row). Pillow ignores these warnings.
+- A single-scan file's entropy-coded bytes below the region, which are never
+  decoded, are scanned (memchr, a few us): a marker where only image data may
+  be (any but RSTn, with a restart interval, and EOI) or no EOI at all (a
+  truncated file) is an error. Those markers include every one that makes
+  Pillow's full decode fail (`broken data stream`).
+- What is left, a byte changed below the region without making a marker,
+  changes no pixel returned (the scan decodes top to bottom), and Pillow's
+  full decode passes it too (libjpeg only warns).
 
 The region is the crop plus what Pillow's bilinear resampler reads around it
 (see `rows.rows_for_box`) plus one column each side: libjpeg-turbo's fancy
@@ -25,6 +39,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from PIL import Image
+
+from coordl.errors import DecodeError
+
+from . import crop
 
 try:
     from . import _jpegroi
@@ -32,12 +51,9 @@ except ImportError:  # not built: no compiler or no jpeglib.h at install time
     _jpegroi = None
 
 AVAILABLE = _jpegroi is not None
-#: Same rule as pipelines/cpu.py's DRAFT_MARGIN (a test checks they agree).
-DRAFT_MARGIN = 1.25
 #: Columns each side that libjpeg-turbo's cropped upsampling gets wrong (the edge columns).
 EDGE = 1
 _SOI = b"\xff\xd8\xff"
-_EOI = b"\xff\xd9"
 
 
 def is_jpeg(raw) -> bool:
@@ -50,24 +66,6 @@ def header(raw) -> tuple[int, int, bool]:
         return _jpegroi.header(raw)
     except ValueError as e:
         raise _decode_error(e) from None
-
-
-def scale_denom(box, size: int, image_size: tuple[int, int]) -> int:
-    """The DCT-scale divisor (8, 4, 2 or 1) that `Image.draft` picks in pipelines/cpu.py's `_draft`.
-
-    The largest power of two that keeps the crop >= DRAFT_MARGIN x size on its
-    short side, computed exactly as Pillow's draft rounds it, so that both
-    decoders scale the same crops the same way (and give the same pixels).
-    """
-    factor = min(box[2], box[3]) / (size * DRAFT_MARGIN)
-    if factor < 2.0:
-        return 1
-    full_w, full_h = image_size
-    want = min(full_w // math.ceil(full_w / factor), full_h // math.ceil(full_h / factor))
-    for d in (8, 4, 2):
-        if want >= d:
-            return d
-    return 1
 
 
 def region_for_box(box, size: int, width: int, height: int) -> tuple[int, int, int, int]:
@@ -92,18 +90,16 @@ def decode_region(raw, box, size: int, image_size: tuple[int, int], channels: in
 
     `pixels` is a bytes object of height rows of width * channels (3: RGB, 4:
     RGBX) bytes; `box_in_region` is `box` in the returned pixels' coordinates
-    (after DCT scaling; `scale=False`: never scaled). A file that does not end with the JPEG end-of-image
-    marker is decoded down to its last row, so that truncation raises.
+    (after DCT scaling; `scale=False`: never scaled). Raises DecodeError for
+    corrupt or truncated data, also below the region (see the module's notes).
     """
     full_w, full_h = image_size
-    denom = scale_denom(box, size, image_size) if scale else 1
+    denom = crop.scale_denom(box, size, image_size) if scale else 1
     # libjpeg's scaled size is ceil(full / denom); Pillow's draft rescales boxes the same way
     sw, sh = -(-full_w // denom), -(-full_h // denom)
     sx, sy = sw / full_w, sh / full_h
     left, top, w, h = box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
     x0, y0, x1, y1 = region_for_box((left, top, w, h), size, sw, sh)
-    if bytes(raw[-2:]) != _EOI:
-        y1 = sh
     try:
         got = _jpegroi.decode(raw, denom, x0, y0, x1, y1, channels)
     except ValueError as e:
@@ -119,8 +115,7 @@ def decode_crop(raw, box, min_size: int, image_size: tuple[int, int] | None = No
 
     Returns (HxWx3 uint8 array, (left, top, w, h) of the crop within it), or
     None when the JPEG's colour space is left to Pillow (CMYK, YCCK). Raises
-    DecodeError (pipelines/cpu.py) on broken or truncated data, with libjpeg's
-    message; libjpeg's warnings (corrupt data) count as errors.
+    DecodeError on broken, corrupt or truncated data, with libjpeg's message.
     """
     if _jpegroi is None:
         return None
@@ -142,8 +137,6 @@ def region_image(raw, box, size: int, image_size: tuple[int, int], scale: bool =
     RGBX because Pillow keeps RGB at 4 bytes a pixel: RGBX wraps the bytes
     without a copy (Image.frombuffer), RGB would unpack them (~0.1 ms).
     """
-    from PIL import Image
-
     got = decode_region(raw, box, size, image_size, 4, scale)
     if got is None:
         return None
@@ -151,7 +144,6 @@ def region_image(raw, box, size: int, image_size: tuple[int, int], scale: bool =
     return Image.frombuffer("RGBX", (rw, rh), pixels, "raw", "RGBX", 0, 1), sub
 
 
-def _decode_error(e: ValueError):
-    from .cpu import DecodeError  # here: cpu.py imports this module
-
-    return DecodeError(f"cannot decode image (JPEG): {e}")
+def _decode_error(e: ValueError) -> DecodeError:
+    hint = " (the file is truncated)" if str(e).startswith("Premature end of JPEG file") else ""
+    return DecodeError(f"cannot decode image (JPEG): {e}{hint}")

@@ -19,10 +19,15 @@ It drives Pillow's decoder directly (`Image._getdecoder`, `ImagingCore`),
 the way `ImageFile.load()` does; `can_stop_early` is False where Pillow
 lacks `_getdecoder`, and the caller then does a plain `load()`.
 
-What this cannot see: damage *below* the crop. A file truncated there is
-still caught (it does not end with the JPEG end-of-image marker, and that
-sends it down the full path); corrupt entropy data below the crop is not,
-as with any region-of-interest decoder (DALI's fused decoder included).
+Corrupt data is not left to the sentinel alone. A broken header or
+progressive scan stops the decoder before the last wanted row, so the
+sentinel sends it to `load()`, which raises. Corrupt image data, in the rows
+decoded or below them, Pillow's full decode rejects only where it makes a
+marker libjpeg cannot parse; before any decode pipelines/cpu.py runs
+`markers.check`, which rejects every marker inside the image data and a file
+without EOI, wherever the crop is. What that lets through, a byte changed
+without making a marker, Pillow's full decode passes too (libjpeg only
+warns), and below the crop it changes no row returned here.
 """
 
 from __future__ import annotations

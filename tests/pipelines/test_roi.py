@@ -6,7 +6,8 @@
 - Resizing the region (box, resampler margin) gives exactly the pixels of
   resizing Pillow's full decode; with DCT scaling, PSNR >= 35 dB against a full
   decode + resize.
-- Broken, truncated and corrupt files raise DecodeError; CMYK is left to Pillow.
+- Broken, truncated and corrupt files raise DecodeError (coordl/errors.py); CMYK is left to
+  Pillow. tests/pipelines/test_corrupt.py checks a set of corruptions against Pillow's verdict.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from coordl.errors import DecodeError
 from coordl.pipelines import cpu, crop, roi
 
 SIZE = 224
@@ -75,10 +77,6 @@ def variant(request):
     kw = dict(VARIANTS[request.param])
     w, h = kw.pop("_size", (500, 375))
     return request.param, _jpeg(_photo(w, h, seed=len(request.param)), **kw)
-
-
-def test_margin_is_cpu_pipelines_margin():
-    assert roi.DRAFT_MARGIN == cpu.DRAFT_MARGIN
 
 
 def test_built_when_it_can_be():
@@ -140,7 +138,7 @@ def test_resized_crop_is_bit_identical_without_scaling(variant):
         assert got is not None
         arr, sub = got
         assert arr.dtype == np.uint8 and arr.ndim == 3 and arr.shape[2] == 3
-        if roi.scale_denom(box, SIZE, (width, height)) != 1:
+        if crop.scale_denom(box, SIZE, (width, height)) != 1:
             continue
         diff = np.abs(_resize_region(arr, sub).astype(int) - _resize_full(raw, box)).max()
         # integer boxes are exact; val's fractional box, shifted by the region's offset, may
@@ -154,24 +152,27 @@ def test_dct_scaled_crop_psnr_against_full_decode():
     scaled = 0
     for i in range(40):
         box = crop.random_resized_crop_box(1500, 1125, crop.item_rng(2, 0, i))
-        denom = roi.scale_denom(box, SIZE, (1500, 1125))
+        denom = crop.scale_denom(box, SIZE, (1500, 1125))
         scaled += denom > 1
         arr, sub = roi.decode_crop(raw, box, SIZE)
         assert _psnr(_resize_region(arr, sub), _resize_full(raw, box)) >= 35.0, (box, denom)
     assert scaled > 10
 
 
-@needs_roi
 def test_scale_matches_pillow_draft():
-    """The ROI decoder scales exactly the crops that cpu._draft scales, by the same factor."""
-    for wh in ((500, 375), (1500, 1125), (4000, 3000), (1125, 1500), (900, 300)):
+    """Pillow's draft, asked as cpu._draft asks it, scales by exactly crop.scale_denom: the one rule."""
+    denoms = set()
+    for wh in ((500, 375), (1500, 1125), (4000, 3000), (1125, 1500), (900, 300), (2001, 17)):
         raw = _jpeg(np.zeros((wh[1], wh[0], 3), np.uint8))
         for i in range(50):
             box = crop.random_resized_crop_box(*wh, crop.item_rng(3, 0, i))
             img = cpu.open_image(raw)
             cpu._draft(img, box, SIZE)
-            denom = roi.scale_denom(box, SIZE, wh)
+            denom = crop.scale_denom(box, SIZE, wh)
+            denoms.add(denom)
             assert img.size == (-(-wh[0] // denom), -(-wh[1] // denom)), (wh, box)
+            assert min(box[2], box[3]) / denom >= SIZE * crop.DRAFT_MARGIN or denom == 1, (wh, box)
+    assert denoms == {1, 2, 4, 8}
 
 
 @needs_roi
@@ -208,7 +209,7 @@ def test_truncated_raises(cut):
     with pytest.raises(OSError):  # Pillow agrees that it is broken
         Image.open(io.BytesIO(bad)).load()
     for box in ((0, 0, 500, 375), (10, 0, 100, 40), (300, 250, 200, 125)):
-        with pytest.raises(cpu.DecodeError, match="JPEG"):
+        with pytest.raises(DecodeError, match="JPEG"):
             roi.decode_crop(bad, box, SIZE)
 
 
@@ -218,14 +219,14 @@ def test_corrupt_entropy_data_raises():
     sos = raw.index(b"\xff\xda")
     for k in range(sos + 200, sos + 260):
         raw[k] = 0xFF if k % 2 else 0xD3  # restart markers where none belong
-    with pytest.raises(cpu.DecodeError, match="Corrupt JPEG data|JPEG"):
+    with pytest.raises(DecodeError, match="Corrupt JPEG data|JPEG"):
         roi.decode_crop(bytes(raw), (0, 0, 500, 375), SIZE)
 
 
 @needs_roi
 @pytest.mark.parametrize("raw", [b"", b"\xff\xd8\xff", b"not a jpeg at all", b"\xff\xd8\xff\xe0" + b"\x00" * 50])
 def test_not_a_jpeg_raises(raw):
-    with pytest.raises(cpu.DecodeError):
+    with pytest.raises(DecodeError):
         roi.decode_crop(raw, (0, 0, 10, 10), SIZE)
 
 
@@ -238,7 +239,7 @@ def test_error_paths_do_not_leak():
 
     def burst():
         for _ in range(300):
-            with pytest.raises(cpu.DecodeError):
+            with pytest.raises(DecodeError):
                 roi.decode_crop(bad, (0, 0, 500, 375), SIZE)
             roi.decode_crop(raw, (20, 30, 200, 150), SIZE)
         gc.collect()
@@ -309,30 +310,77 @@ def test_without_the_extension_jpegs_take_the_pillow_path(monkeypatch, bench_sam
 
 
 @needs_roi
-def test_what_the_roi_decoder_refuses_goes_to_pillow(bench_sample):
+def test_what_the_roi_decoder_refuses_goes_to_pillow():
     cmyk = _jpeg(_photo(300, 200), cmyk=True)
     np.testing.assert_array_equal(cpu.train(cmyk, SIZE, crop.item_rng(0, 0, 0)),
                                   cpu.train(cmyk, SIZE, crop.item_rng(0, 0, 0), roi=False))
     gray = _jpeg(_photo(300, 200), gray=True)
     assert np.abs(cpu.train(gray, SIZE, crop.item_rng(0, 0, 0)).astype(int)
                   - cpu.train(gray, SIZE, crop.item_rng(0, 0, 0), roi=False)).max() <= 1
-    # corrupt entropy data: libjpeg warns, the ROI decoder refuses, Pillow decides as it always did
+
+
+@needs_roi
+def test_what_the_roi_decoder_fails_on_raises(bench_sample):
+    """No second chance with Pillow: corrupt data inside the region raises, whatever Pillow makes of it."""
     raw = bytearray(bench_sample[0])
     sos = raw.index(b"\xff\xda")
     for k in range(sos + 200, sos + 260):
-        raw[k] = 0xFF if k % 2 else 0xD3
+        raw[k] = 0xFF if k % 2 else 0xD3  # restart markers where none belong
     raw = bytes(raw)
-    with pytest.raises(cpu.DecodeError):
-        roi.decode_crop(raw, (0, 0, 500, 375), SIZE)
-    try:
-        want = cpu.train(raw, SIZE, crop.item_rng(0, 0, 0), roi=False)
-    except cpu.DecodeError:
-        with pytest.raises(cpu.DecodeError):
-            cpu.train(raw, SIZE, crop.item_rng(0, 0, 0))
-    else:
-        assert np.abs(cpu.train(raw, SIZE, crop.item_rng(0, 0, 0)).astype(int) - want).max() <= 1
-    # truncated: Pillow's own message, whatever the crop
+    for epoch in range(6):
+        with pytest.raises(DecodeError, match="Corrupt JPEG data"):
+            cpu.train(raw, SIZE, crop.item_rng(0, epoch, 0))
+    with pytest.raises(DecodeError, match="Corrupt JPEG data"):
+        cpu.val(raw, SIZE)
+    # truncated: says so, whatever the crop
     cut = bench_sample[0][: len(bench_sample[0]) // 2]
     for epoch in range(6):
-        with pytest.raises(cpu.DecodeError, match="truncated"):
+        with pytest.raises(DecodeError, match="truncated"):
             cpu.train(cut, SIZE, crop.item_rng(0, epoch, 0))
+
+
+@needs_roi
+@pytest.mark.parametrize("code", [0xC4, 0xD9, 0xE1, 0x01])
+def test_a_marker_below_the_region_raises(code):
+    """The rows below the region are never decoded, but their bytes are scanned."""
+    raw = bytearray(_jpeg(_photo(500, 375)))
+    k = len(raw) - 300  # in the last rows' data
+    raw[k - 1:k + 1] = b"\x00\xff"  # never a stuffed 0xFF before it
+    raw[k + 1] = code
+    raw = bytes(raw)
+    if code == 0xD9:  # an early EOI ends the image data: the rows above it are right
+        top = roi.decode_crop(raw, (0, 0, 100, 40), SIZE)[0]
+        np.testing.assert_array_equal(top[:, 1:-1], _pillow(raw)[:top.shape[0], 1:top.shape[1] - 1])
+        return
+    with pytest.raises(DecodeError, match=f"marker 0x{code:02x} inside the image data"):
+        roi.decode_crop(raw, (0, 0, 100, 40), SIZE)
+
+
+@needs_roi
+def test_restart_markers_and_fill_bytes_are_image_data():
+    arr = _photo(500, 375)
+    for kw in ({"restart_marker_rows": 1}, {"restart_marker_blocks": 7}, {"progressive": True}):
+        raw = _jpeg(arr, **kw)
+        want = _pillow(raw)
+        for box in ((0, 0, 100, 40), (200, 100, 100, 100), (0, 0, 500, 375)):
+            arr_out, _sub = roi.decode_crop(raw, box, SIZE)
+            assert arr_out.size > 0
+        np.testing.assert_array_equal(roi.decode_crop(raw, (0, 0, 500, 375), 500)[0][:, 1:-1],
+                                      want[:, 1:-1])
+    raw = _jpeg(arr)
+    filled = raw[:-2] + b"\xff\xff\xff\xd9"  # fill bytes before EOI are legal
+    roi.decode_crop(filled, (0, 0, 100, 40), SIZE)
+    trailing = raw + b"trailing bytes after EOI \xff\x01"  # what follows EOI is not the image
+    roi.decode_crop(trailing, (0, 0, 100, 40), SIZE)
+
+
+@needs_roi
+def test_metadata_warnings_are_not_errors():
+    """libjpeg's warnings about metadata (here an unknown JFIF revision) leave the pixels right."""
+    raw = bytearray(_jpeg(_photo(120, 90)))
+    app0 = raw.index(b"JFIF\x00")
+    assert raw[app0 + 5] == 1
+    raw[app0 + 5] = 2  # JFIF 2.x: libjpeg warns "unknown JFIF revision number"
+    raw = bytes(raw)
+    np.testing.assert_array_equal(roi.decode_crop(raw, (0, 0, 120, 90), 120)[0][:, 1:-1],
+                                  _pillow(raw)[:, 1:-1])
