@@ -204,3 +204,25 @@ def test_an_unfinished_epoch_then_a_full_one(tiny_root):
     it.close()
     assert sum(len(b[1]) for b in _batches(loader)) == len(ds)
     assert dali.INSTALL_HINT.startswith("pip install coordl[dali]")
+
+
+def test_state_dict_mid_epoch_resumes_the_remaining_batches(tiny_root):
+    def loader():
+        ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=4)
+        return coordl.DataLoader(ds, batch_size=8, shuffle=True, backend="dali")
+
+    whole = loader()
+    _batches(whole)                                          # epoch 0
+    want = _batches(whole)                                   # epoch 1, uninterrupted
+    first = loader()
+    _batches(first)
+    it = iter(first)
+    head = [next(it), next(it)]
+    state = first.state_dict()
+    it.close()
+    again = loader()
+    again.load_state_dict(state)
+    rest = _batches(again)
+    assert len(rest) == len(want) - 2
+    for (gi, gl), (wi, wl) in zip(head + rest, want):
+        assert torch.equal(gi, wi) and torch.equal(gl, wl)
