@@ -143,19 +143,18 @@ def window_for(box, size: int, width: int, height: int) -> tuple[np.ndarray, np.
 
 
 @dataclass
-class Batch:
-    """One submitted batch: what was fed to DALI and what was refused on the host."""
+class Planned:
+    """One batch planned on the host: the inputs DALI is fed and the positions it refused."""
 
     tag: Any
-    n: int                                            # items submitted (positions 0..n-1)
     run: list[int] = field(default_factory=list)      # positions fed to DALI, in order
     inputs: dict[str, list] = field(default_factory=lambda: collections.defaultdict(list))
     errors: dict[int, cpu.DecodeError] = field(default_factory=dict)
 
 
-def plan(recipe: Recipe, raws, items, epoch: int, tag: Any = None) -> Batch:
+def plan(recipe: Recipe, raws, items, epoch: int, tag: Any = None) -> Planned:
     """The host half of a batch: per item its window and flip, or its DecodeError."""
-    batch = Batch(tag, len(raws))
+    batch = Planned(tag)
     for pos, (raw, item) in enumerate(zip(raws, items)):
         try:
             width, height = image_size(raw)
@@ -254,7 +253,7 @@ class Prep:
         self._args = (recipe, batch_size, max(1, int(num_threads)), device_id)
         self._export = export or to_numpy
         self._pipe = build_pipeline(*self._args)
-        self._flight: collections.deque[Batch] = collections.deque()
+        self._flight: collections.deque[Planned] = collections.deque()
         self.rebuilds = 0
 
     @property
@@ -270,7 +269,7 @@ class Prep:
         self._schedule(batch)
         self._flight.append(batch)
 
-    def _schedule(self, batch: Batch) -> None:
+    def _schedule(self, batch: Planned) -> None:
         if batch.run:
             for name, values in batch.inputs.items():
                 self._pipe.feed_input(name, values)
@@ -299,7 +298,7 @@ class Prep:
         self._pipe = build_pipeline(*self._args)
         self.rebuilds += 1
 
-    def _one_by_one(self, batch: Batch) -> Result:
+    def _one_by_one(self, batch: Planned) -> Result:
         parts, kept = [], []
         for k, pos in enumerate(batch.run):
             for name, values in batch.inputs.items():
