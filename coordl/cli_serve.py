@@ -32,7 +32,9 @@ def _size(ctx, param, value):
 @click.option("--transform", type=click.Choice(["train", "val"]), default="train", show_default=True)
 @click.option("--size", type=int, default=224, show_default=True, help="Output height and width.")
 @click.option("--epochs", type=int, default=None,
-              help="Epochs to serve, then exit once every job has left (default: until stopped).")
+              help="Epochs each job gets (counted from the first whole epoch it joins); the "
+                   "daemon exits once every job has had them and left (default: serve until "
+                   "stopped).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Order and augmentation seed.")
 @click.option("--workers", type=int, default=None, help="Prep worker processes (default: all cores).")
 @click.option("--cache", "cache_bytes", default=None, callback=_size,
@@ -43,14 +45,20 @@ def _size(ctx, param, value):
 @click.option("--straggler-timeout", type=float, default=300.0, show_default=True,
               help="Seconds a job may hold the oldest batch of a full ring before it is detached.")
 @click.option("--min-jobs", type=int, default=1, show_default=True,
-              help="Jobs to wait for before preparing the first batch (all start at epoch 0).")
+              help="Jobs to wait for before the first batch is handed out (a hard barrier).")
+@click.option("--join-window", type=float, default=5.0, show_default=True,
+              help="Seconds with no new job before the first batch is handed out, so jobs "
+                   "launched together start at the same epoch (0: at once).")
+@click.option("--hello-timeout", type=float, default=10.0, show_default=True,
+              help="Seconds a connection may stay open without attaching as a job.")
 @click.option("--shuffle/--no-shuffle", default=True, show_default=True)
 @click.option("--drop-last/--keep-last", default=False, show_default=True)
 @click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
               help="A bad image: fail its batch in the jobs, or drop it from the batch.")
 @click.option("--detach", is_flag=True, help="Run in the background; log to <socket>.log.")
 def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_bytes, socket_path,
-              slots, straggler_timeout, min_jobs, shuffle, drop_last, on_error, detach):
+              slots, straggler_timeout, min_jobs, join_window, hello_timeout, shuffle, drop_last,
+              on_error, detach):
     """The coordinator daemon: prepare each batch once, for every attached job.
 
     Jobs attach with coordl.DataLoader(coordl.ImageFolder(DIR), batch_size=B,
@@ -61,7 +69,8 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
     extra = {k: v for k, v in (("workers", workers), ("socket", socket_path)) if v is not None}
     config = ServeConfig(data=data, batch_size=batch_size, transform=transform, size=size,
                          epochs=epochs, seed=seed, cache_bytes=cache_bytes, slots=slots,
-                         straggler_timeout=straggler_timeout, min_jobs=min_jobs, shuffle=shuffle,
+                         straggler_timeout=straggler_timeout, min_jobs=min_jobs,
+                         join_window=join_window, hello_timeout=hello_timeout, shuffle=shuffle,
                          drop_last=drop_last, on_error=on_error, **extra)
     daemon = Daemon(config)  # scans the dataset here, so its errors reach this terminal
     if detach:
@@ -69,7 +78,7 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
         return
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s coordl serve[%(process)d]: %(message)s")
-    sys.exit(daemon.run(ready=_announce))
+    daemon.run(ready=_announce)  # returns when stopped as told; a failure raises
 
 
 def _announce(daemon) -> None:
@@ -114,7 +123,8 @@ def _detach(daemon) -> None:
                                 f"unix://{d.socket_path} (log: {log_path})\n").encode())
             os.close(write_fd)
 
-        code = daemon.run(ready=ready, private_fds=(write_fd,))
+        daemon.run(ready=ready, private_fds=(write_fd,))
+        code = 0
     except BaseException as e:
         try:
             os.write(write_fd, f"coordl serve: error: {e}\n".encode())
@@ -141,17 +151,23 @@ def status_cmd(socket_path, as_json):
                f"  dataset    {st['data']} ({st['items']} items, fingerprint {st['fingerprint'][:12]}, "
                f"{st['transform']} {st['size']}px)\n"
                f"  plan       batch {st['batch_size']}, {st['batches_per_epoch']} batches/epoch, "
-               f"epochs {st['epochs'] or 'unlimited'}, seed {st['seed']}\n"
+               f"epochs per job {st['epochs'] or 'unlimited'}, seed {st['seed']}"
+               f"{'' if st['shuffle'] else ', no shuffle'}{', drop last' if st['drop_last'] else ''}"
+               f", on_error {st['on_error']}\n"
                f"  ring       {st['slots']} slots ({st['ring_mib']} MiB): {occ['ready']} ready, "
                f"{occ['filling']} filling, {occ['failed']} failed, {occ['free']} free\n"
                f"  prep       {len(st['workers'])} workers, {st['images_per_s']:.0f} images/s, "
-               f"{st['produced_batches']} batches, {st['decodes']} decodes"
-               + ("" if st["started"] else f" (waiting for {st['min_jobs']} jobs)"))
+               f"{st['produced_batches']} batches, {st['decodes']} decodes\n"
+               f"  clients    {st['connections']} connections (limit {st['max_connections']})"
+               + (f"; holding the first batch for jobs still joining (--join-window "
+                  f"{st['join_window']:g} s, --min-jobs {st['min_jobs']})" if st["gathering"] else ""))
     if not st["jobs"]:
         click.echo("  jobs       none attached")
     for j in st["jobs"]:
-        where = (f"epoch {j['epoch']} batch {j['batch']}/{j['batches_per_epoch']}"
-                 if j["epoch"] is not None else f"between epochs (starts at {j['start_epoch']})")
+        count = f"/{j['epochs']}" if j["epochs"] else ""
+        where = (f"its epoch {j['job_epoch'] + 1}{count} (daemon epoch {j['epoch']}) batch "
+                 f"{j['batch']}/{j['batches_per_epoch']}" if j["epoch"] is not None else
+                 f"between epochs (its first: daemon epoch {j['start_epoch']})")
         click.echo(f"  job {j['job']:<4}  pid {j['pid']:<8} {where}, holds {len(j['holding'])}, "
                    f"{'waiting' if j['waiting'] else 'working'}, idle {j['idle_s']:.1f} s, "
                    f"{j['batches']} batches")

@@ -11,6 +11,11 @@ copied once into (pinned) memory of its own and the slot is released at once.
 A job the daemon detached (straggler, shutdown) may find the slot of the
 batch in its hands reused; its next call raises `CoordinatorError`.
 
+The daemon decides a job's epochs (plan.py: its first is the first whole
+epoch it joins, then one per ``iter(loader)``), so `Client.set_epoch` cannot
+move a job; `Client.stats` reports what this job received and what the
+daemon did for all its jobs (the ``daemon_`` keys).
+
 No wait is unbounded without a check: every blocking read polls the socket
 once a second and checks that the daemon process still lives, so a daemon
 killed with SIGKILL makes the next call raise `CoordinatorError` within a
@@ -36,6 +41,8 @@ from .config import default_socket_path, parse_address
 from .ring import INDEX, Layout, Ring
 
 _POLL = 1.0
+_DAEMON_KEYS = ("storage_reads", "storage_bytes", "decodes", "samples", "errors_skipped",
+                "cache_hits", "cache_misses", "cache_inserts")  # what the prep workers count
 _CONNECT_TIMEOUT = 10.0
 _HELLO_TIMEOUT = 30.0
 
@@ -137,6 +144,10 @@ class _Channel:
             if isinstance(msg, (p.Detached, p.ShuttingDown)):
                 self._close(msg.reason)
                 raise CoordinatorError(msg.reason)
+            if isinstance(msg, p.Refused):  # e.g. the connection limit, before our first message
+                reason = f"the coordinator at {self.path} refused this connection: {msg.reason}"
+                self._close(reason)
+                raise CoordinatorError(reason)
 
     def _daemon_alive(self) -> bool:
         return segments.proc_start(self.daemon_pid) == self.daemon_start
@@ -183,8 +194,9 @@ class Client:
         self.channel = _Channel(self.path)
         try:
             self.channel.send(p.Hello(
-                p.VERSION, dataset.fingerprint, str(dataset.root), len(dataset), dataset.transform,
-                dataset.size, int(batch_size), bool(shuffle), bool(drop_last), os.getpid()))
+                p.VERSION, dataset.fingerprint, os.fspath(dataset.root), len(dataset),
+                dataset.transform, dataset.size, int(dataset.seed), str(dataset.on_error),
+                int(batch_size), bool(shuffle), bool(drop_last), os.getpid()))
             reply = self.channel.recv(_HELLO_TIMEOUT, "its welcome")
             if isinstance(reply, p.Refused):
                 raise CoordinatorError(f"the coordinator at {self.path} refused this job: {reply.reason}")
@@ -201,6 +213,8 @@ class Client:
             self._labels = [torch.from_numpy(a) for a in self.ring.labels]
             self._ids = [torch.from_numpy(a) for a in self.ring.ids]
         self._held: int | None = None
+        self.next_epoch = self.welcome.start_epoch  # the epoch the next iteration runs
+        self.batches = self.samples = self.failed_batches = 0  # received by this job
         self._finalizer = weakref.finalize(self, _Channel.close, self.channel, "the job closed it")
 
     # -- facts the daemon told us --
@@ -266,6 +280,31 @@ class Client:
         """The daemon's status (see `coordl status`), over a connection of its own."""
         return status(self.path)
 
+    def stats(self) -> dict[str, int]:
+        """What this job received (batches, samples, failed_batches) and what the daemon did
+        for all its jobs together: ``daemon_`` + its storage reads, decodes, skips and cache
+        counters (coordl.stats.KEYS), daemon_batches prepared and, with --cache, the node-wide
+        cache state (daemon_cache_bytes, daemon_cache_items, daemon_cache_capacity)."""
+        out = {"batches": self.batches, "samples": self.samples,
+               "failed_batches": self.failed_batches}
+        st = self.status()
+        out["daemon_batches"] = int(st["produced_batches"])
+        for key in _DAEMON_KEYS:
+            out[f"daemon_{key}"] = int(st["counters"].get(key, 0))
+        for key, value in (st["cache"] or {}).items():
+            out[f"daemon_{key}"] = value
+        return out
+
+    def set_epoch(self, epoch: int) -> None:
+        """Accepted only when `epoch` is the one this job runs next: the daemon serves every
+        job its epochs in order and cannot position one."""
+        if int(epoch) != self.next_epoch:
+            raise CoordinatorError(
+                f"set_epoch({epoch}): a coordinated job cannot be positioned: the coordinator "
+                f"serves the epochs in order and this job's next one is epoch {self.next_epoch}. "
+                f"To resume at epoch {epoch}, load locally (drop coordinator=, then "
+                "loader.set_epoch works), or keep the daemon's order")
+
     def close(self) -> None:
         """Detach now (every slot this job holds is released)."""
         self._finalizer()
@@ -291,6 +330,7 @@ class EpochIterator:
         if not isinstance(reply, p.EpochStart):
             raise CoordinatorError(f"the coordinator answered begin with {reply.TYPE!r}")
         self.epoch, self.batches = reply.epoch, reply.batches
+        client.next_epoch = reply.epoch + 1
         self.done = False
         self._asked = False  # a Next is on its way
 
@@ -313,6 +353,7 @@ class EpochIterator:
             client._send([])
             raise StopIteration
         if isinstance(reply, p.BatchFailed):
+            client.failed_batches += 1
             client._send([p.Next()])
             self._asked = True
             raise SampleError(f"batch {reply.index} of epoch {self.epoch} could not be prepared by "
@@ -320,6 +361,8 @@ class EpochIterator:
         if not isinstance(reply, p.Ready):
             raise CoordinatorError(f"the coordinator answered next with {reply.TYPE!r}")
         batch = client._batch(reply, self.pin_memory)
+        client.batches += 1
+        client.samples += reply.n
         if self.pin_memory:
             msgs = [p.Release(reply.index), p.Next()]  # copied out: the slot goes back at once
         else:
@@ -348,7 +391,8 @@ def _copy_out(images: torch.Tensor) -> torch.Tensor:
 
 
 def _check_dataset(dataset, batch_size) -> None:
-    missing = [a for a in ("fingerprint", "root", "transform", "size") if not hasattr(dataset, a)]
+    missing = [a for a in ("fingerprint", "root", "transform", "size", "seed", "on_error")
+               if not hasattr(dataset, a)]
     if missing:
         raise ConfigError(f"coordinator=... needs a coordl.ImageFolder (the daemon prepares its "
                           f"items); {type(dataset).__name__} has no {', '.join(missing)}")
@@ -377,6 +421,8 @@ def status(address: str | os.PathLike | None = None, timeout: float = 10.0) -> d
     try:
         channel.send(p.Status())
         reply = channel.recv(timeout, "its status")
+        if isinstance(reply, p.Refused):
+            raise CoordinatorError(f"the coordinator at {channel.path} refused: {reply.reason}")
         if not isinstance(reply, p.StatusReply):
             raise CoordinatorError(f"the coordinator answered status with {reply.TYPE!r}")
         return reply.status

@@ -58,14 +58,16 @@ class ServeConfig:
     batch_size: int                         # B
     transform: str = "train"                # "train" or "val"
     size: int = 224                         # output height and width
-    epochs: int | None = None               # epochs served in all (None: until stopped)
+    epochs: int | None = None               # epochs each job gets (None: serve until stopped)
     seed: int = 0                           # order and augmentation seed
     workers: int = field(default_factory=_default_workers)  # W prep processes
     cache_bytes: int | None = None          # MinIO cache budget (None: no cache)
     socket: str = field(default_factory=default_socket_path)
     slots: int = 8                          # K: ring slots, the most the fastest job runs ahead
     straggler_timeout: float = 300.0        # s a job may block a full ring before it is detached
-    min_jobs: int = 1                       # jobs to wait for before preparing the first batch
+    min_jobs: int = 1                       # jobs a group waits for before its first batch
+    join_window: float = 5.0                # s with no new job before a group's first batch
+    hello_timeout: float = 10.0             # s a connection may stay open without attaching
     shuffle: bool = True
     drop_last: bool = False
     on_error: str = "raise"                 # a bad image: "raise" (in the jobs) or "skip"
@@ -84,4 +86,9 @@ class ServeConfig:
             raise ConfigError(f"--epochs {self.epochs}: must be >= 1 (omit it to serve until stopped)")
         if not self.straggler_timeout > 0:
             raise ConfigError(f"--straggler-timeout {self.straggler_timeout}: must be > 0 seconds")
+        if not self.hello_timeout > 0:
+            raise ConfigError(f"--hello-timeout {self.hello_timeout}: must be > 0 seconds")
+        if not self.join_window >= 0:
+            raise ConfigError(f"--join-window {self.join_window}: must be >= 0 seconds "
+                              "(0: hand out the first batch as soon as a job asks)")
         check_socket_path(self.socket)

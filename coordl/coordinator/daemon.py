@@ -6,13 +6,22 @@ prep worker (workers.py) and a wake-up socket for signals. The rules of who
 gets what live in scheduler.py; this module only moves messages and owns
 processes and segments. The job's side is client.py.
 
+Connections. The daemon keeps at most `_MAX_CONNECTIONS` open. A connection
+must attach as a job (Hello) or ask for its status within --hello-timeout
+seconds, else it is told so and closed. When the limit is reached, the
+oldest connection that has not attached is told the limit and closed to make
+room, so idle connections can never lock real jobs out; only when every
+connection is an attached job is the newcomer refused, in words. An error
+while handling one connection's message closes that connection only (its
+job is detached, the error is logged); the daemon goes on serving the rest.
+
 NOTE (lifecycle of every process and segment):
 - daemon: started by `coordl serve` (with --detach: a double fork, setsid,
   output to <socket>.log). SIGTERM/SIGINT: it tells every job ShuttingDown,
   closes their sockets, removes its socket file, closes the workers' sockets
   and reaps them (SIGKILL after 5 s), then unlinks the ring. With --epochs it
-  also stops by itself once no job is attached and none could get a whole
-  epoch. SIGKILL: the kernel closes every socket, so jobs see EOF at their
+  also stops by itself once a group of jobs has started and every job has
+  left (each had its --epochs, or went away). SIGKILL: the kernel closes every socket, so jobs see EOF at their
   next read and raise CoordinatorError; workers die by PR_SET_PDEATHSIG (or
   at EOF); the ring segment and the socket file stay behind until
   `coordl cleanup` (cleanup.py) removes them, which it does only once the
@@ -56,10 +65,10 @@ from .config import ServeConfig, private_dir
 from .plan import Plan
 from .ring import Layout, Ring, SlotTable
 from .scheduler import Scheduler
-from .workers import WorkerPool
+from .workers import TaskCounters, WorkerPool
 
 log = logging.getLogger("coordl.serve")
-_MAX_CONNECTIONS = 512
+_MAX_CONNECTIONS = 512  # open connections (jobs, status requests, not yet attached)
 _MAX_OUTBUF = 8 * 2**20
 _TICK = 0.25
 
@@ -71,6 +80,7 @@ class _Conn:
     reader: p.FrameReader = field(default_factory=lambda: p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST))
     out: bytearray = field(default_factory=bytearray)
     job: int | None = None
+    deadline: float | None = None  # monotonic time by which it must attach (None: attached)
     closing: bool = False
     writing: bool = False    # registered for EVENT_WRITE (replies wait in `out`)
 
@@ -79,13 +89,16 @@ class Daemon:
     """`Daemon(config).run()` serves until stopped; see the module docstring."""
 
     def __init__(self, config: ServeConfig) -> None:
+        from coordl.caching import cache_for
         from coordl.dataset import ImageFolder
 
         self.config = config
-        self.dataset = ImageFolder(config.data, transform=config.transform, size=config.size,
-                                   seed=config.seed, on_error=config.on_error)
-        if config.cache_bytes:
-            self._use_cache(config.cache_bytes)
+        folder = ImageFolder(config.data, transform=config.transform, size=config.size,
+                             seed=config.seed, on_error=config.on_error)
+        self.cache = cache_for(folder, config.cache_bytes) if config.cache_bytes else None
+        # the prep workers' view: counted per task, read through the cache without page cache
+        self.dataset = folder.bind(counters=TaskCounters(), cache=self.cache,
+                                   drop_page_cache=self.cache is not None)
         self.plan = Plan(len(self.dataset), config.batch_size, config.seed, config.shuffle,
                          config.drop_last, config.epochs)
         self.layout = Layout(config.slots, config.batch_size, config.size)
@@ -103,16 +116,11 @@ class Daemon:
         self._socket_inode: int | None = None
         self.sel = selectors.DefaultSelector()
 
-    def _use_cache(self, budget: int) -> None:
-        from coordl.caching import cache_for
-
-        self.dataset.cache = cache_for(self.dataset, budget)
-        self.dataset.drop_page_cache = True
-
     # -- start and stop --
-    def run(self, ready: Callable[[Daemon], None] | None = None, private_fds: tuple[int, ...] = ()) -> int:
-        """Serve until SIGTERM/SIGINT or, with --epochs, until done; the exit status. `ready` is
-        called once it listens; `private_fds` are descriptors the prep workers must not inherit."""
+    def run(self, ready: Callable[[Daemon], None] | None = None, private_fds: tuple[int, ...] = ()) -> None:
+        """Serve until SIGTERM/SIGINT or, with --epochs, until done. Returns when it stopped as
+        told; raises, after the same cleanup, when serving failed. `ready` is called once it
+        listens; `private_fds` are descriptors the prep workers must not inherit."""
         old_handlers: dict[int, object] = {}
         wake_r, wake_w = socket.socketpair()
         try:
@@ -133,7 +141,6 @@ class Daemon:
             self._shutdown(self.stop_reason or "the daemon failed")
             wake_r.close()
             wake_w.close()
-        return 0
 
     def _on_signal(self, signum, frame) -> None:
         self._signal = signum
@@ -157,7 +164,8 @@ class Daemon:
         name = f"{segments.daemon_prefix()}{self.dataset.fingerprint[:12]}-ring"
         self.ring = Ring.create(name, self.layout, self.socket_path)
         self.slots = SlotTable(self.layout.slots, self.ring.table)
-        self.scheduler = Scheduler(self.plan, self.slots, self.config.min_jobs)
+        self.scheduler = Scheduler(self.plan, self.slots, self.config.min_jobs,
+                                   self.config.join_window)
         self.pool = WorkerPool(self.dataset, self.plan, self.ring, self.config.workers,
                                lambda: [*extra_fds, *self._own_fds()], forget=self.sel.unregister)
         self.pool.start()
@@ -175,10 +183,11 @@ class Daemon:
         self.listener = listener
         self.sel.register(listener, selectors.EVENT_READ, self._on_accept)
         log.info("pid %d serving %s (%d items, fingerprint %s) on %s: batch %d, %d slots (%.0f MiB), "
-                 "%d workers, epochs %s", os.getpid(), self.dataset.root, len(self.dataset),
-                 self.dataset.fingerprint[:12], self.socket_path, self.plan.batch_size,
-                 self.layout.slots, self.layout.total_bytes / 2**20, self.config.workers,
-                 self.plan.epochs or "unlimited")
+                 "%d workers, epochs per job %s, join window %g s", os.getpid(),
+                 p.printable(self.dataset.root), len(self.dataset), self.dataset.fingerprint[:12],
+                 p.printable(self.socket_path), self.plan.batch_size, self.layout.slots,
+                 self.layout.total_bytes / 2**20, self.config.workers,
+                 self.plan.epochs or "unlimited", self.config.join_window)
 
     def _own_fds(self) -> list[int]:
         fds = [self.sel.fileno() if hasattr(self.sel, "fileno") else -1]
@@ -206,8 +215,8 @@ class Daemon:
         if self.ring is not None:
             self.ring.unlink()
             self.ring.close()
-        if self.dataset.cache is not None:
-            self.dataset.cache.close()  # detach; the cache stays on the node for the next daemon
+        if self.cache is not None:
+            self.cache.close()  # detach; the cache stays on the node for the next daemon
         self.sel.close()
 
     # -- the loop --
@@ -218,11 +227,18 @@ class Daemon:
                 key.data(key.fileobj, events)
                 if self.stop_reason is not None:
                     return
-            self._produce()
             now = time.monotonic()
+            self._deliver(self.scheduler.tick(now))  # the join window closes here
+            self._produce()
             if now >= next_tick:
                 next_tick = now + _TICK
                 self._tick(now)
+
+    def _deliver(self, replies: list[tuple[int, p.Message]]) -> None:
+        for job_id, msg in replies:
+            conn = self._conn_of(job_id)
+            if conn is not None:
+                self._send(conn, msg)
 
     def _tick(self, now: float) -> None:
         for job_id in self.scheduler.stragglers(now, self.config.straggler_timeout):
@@ -233,10 +249,15 @@ class Daemon:
             if conn is not None:
                 self._send(conn, p.Detached(reason))
                 self._close(conn, "straggler: held the ring past --straggler-timeout")
+        for conn in [c for c in self.conns.values() if c.deadline is not None and now > c.deadline]:
+            self._send(conn, p.Refused(
+                f"this connection did not attach as a job (hello) within --hello-timeout "
+                f"{self.config.hello_timeout:g} s, so the coordinator closed it"))
+            self._close(conn, None)
         if now - self._rate[-1][0] >= 1.0:
             self._rate.append((now, self.produced_images))
         if self.scheduler.finished():
-            self.stop(f"served all {self.plan.epochs} epochs and every job has left")
+            self.stop(f"every job has had its {self.plan.epochs} epochs and left")
 
     def _produce(self) -> None:
         now = time.monotonic()
@@ -260,14 +281,10 @@ class Daemon:
             if error is None:
                 self.produced_batches += 1
                 self.produced_images += rows
-                replies = self.scheduler.published(slot, rows)
+                self._deliver(self.scheduler.published(slot, rows))
             else:
-                log.error("batch %d failed: %s", self.slots.index[slot], error)
-                replies = self.scheduler.failed(slot, error)
-            for job_id, msg in replies:
-                conn = self._conn_of(job_id)
-                if conn is not None:
-                    self._send(conn, msg)
+                log.error("batch %d failed: %s", self.slots.index[slot], p.printable(error))
+                self._deliver(self.scheduler.failed(slot, error))
 
     # -- connections --
     def _on_accept(self, listener, _events) -> None:
@@ -279,14 +296,44 @@ class Daemon:
             except OSError as e:  # EMFILE and friends: refuse this one, keep serving
                 log.warning("accept failed: %s", e)
                 return
-            pid, uid, _gid = p.peer_credentials(sock)
-            if uid != os.getuid() or len(self.conns) >= _MAX_CONNECTIONS:
+            try:
+                self._admit(sock)
+            except Exception:  # noqa: BLE001 (one connection's failure; the daemon goes on)
+                log.exception("accepting a connection failed; it is closed")
                 sock.close()
-                continue
-            sock.setblocking(False)
-            conn = _Conn(sock, pid)
-            self.conns[sock.fileno()] = conn
-            self.sel.register(sock, selectors.EVENT_READ, self._on_conn)
+
+    def _admit(self, sock: socket.socket) -> None:
+        pid, uid, _gid = p.peer_credentials(sock)
+        sock.setblocking(False)
+        conn = _Conn(sock, pid, deadline=time.monotonic() + self.config.hello_timeout)
+        if uid != os.getuid():
+            return self._refuse_now(conn, f"the coordinator runs as uid {os.getuid()} and serves "
+                                          f"only its own user's jobs, not uid {uid}")
+        if len(self.conns) >= _MAX_CONNECTIONS:
+            idle = [c for c in self.conns.values() if c.job is None]
+            if not idle:
+                return self._refuse_now(conn, self._limit_text(
+                    "every one of them is an attached job, so this one is refused: wait for a "
+                    "job to finish, or start another daemon (coordl serve --socket OTHER)"))
+            oldest = min(idle, key=lambda c: c.deadline or 0.0)
+            self._send(oldest, p.Refused(self._limit_text(
+                "this connection, the oldest that had not attached as a job, was closed to make "
+                "room: connect again and say hello at once")))
+            self._close(oldest, None)
+        self.conns[sock.fileno()] = conn
+        self.sel.register(sock, selectors.EVENT_READ, self._on_conn)
+
+    def _limit_text(self, what: str) -> str:
+        return (f"the coordinator (pid {os.getpid()}) keeps at most {_MAX_CONNECTIONS} connections "
+                f"open and had {len(self.conns)}: {what}")
+
+    def _refuse_now(self, conn: _Conn, reason: str) -> None:
+        """Tell a connection that was never registered why it is closed, then close it."""
+        try:
+            conn.sock.send(p.Refused(reason).encode(), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+        conn.sock.close()
 
     def _conn_of(self, job_id: int) -> _Conn | None:
         for conn in self.conns.values():
@@ -298,6 +345,18 @@ class Daemon:
         conn = self.conns.get(sock.fileno())
         if conn is None:
             return
+        try:
+            self._serve_conn(conn, events)
+        except Exception as e:  # noqa: BLE001 (an error in one connection closes that one only)
+            log.exception("handling a message from pid %d failed; closing its connection",
+                          conn.peer_pid)
+            if not conn.closing:
+                self._send(conn, p.Refused(f"the coordinator failed on this connection's message "
+                                           f"({type(e).__name__}: {e}; see its log) and closed it"))
+                self._close(conn, f"the daemon failed on its message: {type(e).__name__}: {e}")
+
+    def _serve_conn(self, conn: _Conn, events) -> None:
+        sock = conn.sock
         if events & selectors.EVENT_WRITE:
             self._flush(conn)
         if not events & selectors.EVENT_READ or conn.closing:
@@ -326,6 +385,8 @@ class Daemon:
     def _handle(self, conn: _Conn, msg: p.Message) -> None:
         now = time.monotonic()
         if isinstance(msg, p.Status):
+            if conn.job is None:
+                conn.deadline = now + self.config.hello_timeout
             self._send(conn, p.StatusReply(self.status()))
         elif isinstance(msg, p.Hello):
             self._hello(conn, msg, now)
@@ -350,18 +411,14 @@ class Daemon:
 
     def _hello(self, conn: _Conn, msg: p.Hello, now: float) -> None:
         problem = self._mismatch(msg)
-        job = None
         if problem is None and conn.job is not None:
             problem = "this connection is already attached as a job"
-        if problem is None:
-            job = self.scheduler.attach(conn.peer_pid, now)
-            if isinstance(job, str):
-                problem, job = job, None
-        if job is None:
+        if problem is not None:
             self._send(conn, p.Refused(problem))
             self._close(conn, None)
             return
-        conn.job = job.id
+        job = self.scheduler.attach(conn.peer_pid, now)
+        conn.job, conn.deadline = job.id, None
         log.info("job %d (pid %d) attached; it starts at epoch %d", job.id, conn.peer_pid,
                  job.start_epoch)
         self._send(conn, p.Welcome(job.id, os.getpid(), self.ring.path, self.layout.slots,
@@ -370,26 +427,45 @@ class Daemon:
                                    job.start_epoch))
 
     def _mismatch(self, msg: p.Hello) -> str | None:
+        """None when the job would get exactly the batches it asks for; else every difference,
+        each with the daemon's value."""
         ds, plan = self.dataset, self.plan
         if msg.version != p.VERSION:
             return (f"protocol version {msg.version} (job) != {p.VERSION} (daemon): run the same "
                     "coordl version in the job and the daemon")
+        diffs, serve_with = [], []
         if msg.fingerprint != ds.fingerprint or msg.items != len(ds):
-            return (f"dataset fingerprint {msg.fingerprint[:12]} ({msg.items} items in "
-                    f"{msg.root!r}, the job's) != {ds.fingerprint[:12]} ({len(ds)} items in "
-                    f"{ds.root!r}, the daemon's): point the job and the daemon at the same dataset "
-                    "folder; if its files changed since the daemon started, restart the daemon")
-        pairs = (("transform", msg.transform, ds.transform, "--transform"),
-                 ("size", msg.size, ds.size, "--size"),
-                 ("batch_size", msg.batch_size, plan.batch_size, "--batch-size"),
-                 ("shuffle", msg.shuffle, plan.shuffle, "--shuffle/--no-shuffle"),
-                 ("drop_last", msg.drop_last, plan.drop_last, "--drop-last/--keep-last"))
-        for name, job_value, ours, flag in pairs:
-            if job_value != ours:
-                return (f"{name}={job_value!r} (job) does not match the coordinator's "
-                        f"{name}={ours!r}: pass {name}={ours!r} in the job, or serve with {flag} "
-                        f"{job_value}")
-        return None
+            diffs.append(f"dataset fingerprint {msg.fingerprint[:12]} ({msg.items} items in "
+                         f"'{p.printable(msg.root)}', the job's) != {ds.fingerprint[:12]} "
+                         f"({len(ds)} items in '{p.printable(ds.root)}', the daemon's: point the "
+                         "job and the daemon at the same dataset folder; if its files changed "
+                         "since the daemon started, restart the daemon)")
+        for name, job_value, ours, flag in (
+                ("seed", msg.seed, plan.seed, "--seed {}"),
+                ("on_error", msg.on_error, ds.on_error, "--on-error {}"),
+                ("transform", msg.transform, ds.transform, "--transform {}"),
+                ("size", msg.size, ds.size, "--size {}"),
+                ("batch_size", msg.batch_size, plan.batch_size, "--batch-size {}"),
+                ("shuffle", msg.shuffle, plan.shuffle, "--{}shuffle"),
+                ("drop_last", msg.drop_last, plan.drop_last, "--{}")):
+            if job_value == ours:
+                continue
+            if name == "shuffle":
+                job_flag, our_flag = flag.format("" if job_value else "no-"), flag.format("" if ours else "no-")
+            elif name == "drop_last":
+                job_flag, our_flag = (flag.format("drop-last" if v else "keep-last") for v in (job_value, ours))
+            else:
+                job_flag, our_flag = flag.format(job_value), flag.format(ours)
+            diffs.append(f"{name}={job_value!r} (job) != the daemon's {name}={ours!r} ({our_flag})")
+            serve_with.append(job_flag)
+        if not diffs:
+            return None
+        fix = "give the job the daemon's values"
+        if serve_with:
+            fix += f", or serve the job's with another daemon (coordl serve {' '.join(serve_with)})"
+        things = "1 thing that changes" if len(diffs) == 1 else f"{len(diffs)} things that change"
+        return (f"the job differs from the coordinator in {things} a batch: {'; '.join(diffs)}. "
+                f"To attach, {fix}")
 
     def _send(self, conn: _Conn, msg: p.Message) -> None:
         if conn.closing and not isinstance(msg, (p.Refused, p.Detached, p.ShuttingDown)):
@@ -445,17 +521,22 @@ class Daemon:
             "data": self.dataset.root, "fingerprint": self.dataset.fingerprint, "items": len(self.dataset),
             "transform": self.dataset.transform, "size": self.layout.size,
             "batch_size": self.plan.batch_size, "batches_per_epoch": self.plan.batches_per_epoch,
-            "epochs": self.plan.epochs, "seed": self.plan.seed, "slots": self.layout.slots,
+            "epochs": self.plan.epochs,  # each job's (None: no limit)
+            "seed": self.plan.seed, "shuffle": self.plan.shuffle, "drop_last": self.plan.drop_last,
+            "on_error": self.dataset.on_error, "slots": self.layout.slots,
             "ring_mib": round(self.layout.total_bytes / 2**20, 1),
             "workers": self.pool.pids if self.pool else [], "worker_deaths": self.pool.deaths if self.pool else 0,
             "occupancy": self.slots.counts(), "next_batch": self.scheduler.next_batch,
             "started": self.scheduler.started, "min_jobs": self.config.min_jobs,
+            "gathering": self.scheduler.gathering, "join_window": self.config.join_window,
+            "connections": len(self.conns), "max_connections": _MAX_CONNECTIONS,
+            "hello_timeout": self.config.hello_timeout,
             "produced_batches": self.produced_batches, "produced_images": self.produced_images,
             "decodes": counters.get("decodes", 0), "counters": counters,
             "images_per_s": round((n1 - n0) / (t1 - t0), 1) if t1 > t0 else 0.0,
             "uptime_s": round(now - self.started_at, 1), "detached": self.detached,
             "straggler_timeout": self.config.straggler_timeout,
-            "cache": self.dataset.cache.stats() if self.dataset.cache is not None else None,
+            "cache": self.cache.stats() if self.cache is not None else None,
             "jobs": [self.scheduler.job_status(j, now) for j in self.scheduler.jobs.values()],
         }
 

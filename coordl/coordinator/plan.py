@@ -1,20 +1,26 @@
 """The coordinator's plan: pure functions of (items, batch size, seed, epoch).
 
 Batches are numbered globally: batch ``g`` is batch ``g % batches_per_epoch``
-of epoch ``g // batches_per_epoch``. The order of epoch ``e`` is a
-permutation of the dataset that depends only on (seed, e), and an item's
-augmentation depends only on (seed, e, item) (`coordl.pipelines.crop.item_rng`),
-so every process that holds a `Plan` (the daemon, its prep workers, a test)
-computes the same batches without talking to the others.
+of epoch ``g // batches_per_epoch``. The order of epoch ``e`` is
+`coordl.sampling.epoch_order` (PCG64 seeded from (seed, e)), the same
+function a local `coordl.DataLoader` over a coordl dataset uses with
+``shuffle=True`` and no user generator or sampler; an item's augmentation
+comes from `coordl.pipelines.crop.item_rng` (a `random.Random` seeded with
+(seed, e, item)). So every process that holds a `Plan` (the daemon, its prep
+workers, a test, a local loader) computes the same batches without talking
+to the others.
 
-Late joiners. A job that attaches starts at an epoch boundary, so its epochs
-are whole: its first batch is the first batch of the earliest epoch whose
-batches are all still available, i.e. still in the ring or not yet prepared
-(`join_epoch`). A job that attaches while the others are in the middle of
-epoch e therefore starts with epoch e + 1 (its first batch comes when that
-epoch's first batch is prepared, at most K batches after the slowest job's);
-a job that attaches to an idle daemon, or while the ring still holds the
-first batch of an epoch, starts with that epoch.
+Epochs are counted per job. A job that attaches starts at an epoch boundary,
+so its epochs are whole: its first epoch is the earliest one whose batches
+are all still available, i.e. still in the ring or not yet prepared
+(`join_epoch`), and with ``epochs=E`` it gets E epochs from there
+(`end_batch`), however late it came. A job that attaches while the others are
+in the middle of epoch e therefore starts with epoch e + 1 (its first batch
+comes when that epoch's first batch is prepared, at most K batches after the
+slowest job's); a job that attaches to an idle daemon, or while the ring
+still holds the first batch of an epoch, starts with that epoch. Jobs
+launched together all start with the same epoch because the daemon hands out
+no batch while they are still arriving (the join window, scheduler.py).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ class Plan:
     seed: int = 0              # order and augmentation seed
     shuffle: bool = True       # False: every epoch in dataset order
     drop_last: bool = False    # True: drop an epoch's last, short batch
-    epochs: int | None = None  # epochs served in all; None: until the daemon is stopped
+    epochs: int | None = None  # epochs each job gets; None: as many as it iterates
 
     def __post_init__(self) -> None:
         for name, low in (("items", 1), ("batch_size", 1)):
@@ -51,11 +57,6 @@ class Plan:
     def batches_per_epoch(self) -> int:
         n, b = self.items, self.batch_size
         return n // b if self.drop_last else -(-n // b)
-
-    @property
-    def total_batches(self) -> int | None:
-        """Batches served in all (None: no limit)."""
-        return None if self.epochs is None else self.epochs * self.batches_per_epoch
 
     def order(self, epoch: int) -> np.ndarray:
         """The item order of `epoch`: an int64 permutation of range(items) (read-only)."""
@@ -82,6 +83,6 @@ class Plan:
         still available to it (in the ring, or not prepared yet)."""
         return -(-low // self.batches_per_epoch)
 
-    def served(self, epoch: int) -> bool:
-        """Is `epoch` among the epochs this plan serves?"""
-        return self.epochs is None or epoch < self.epochs
+    def end_batch(self, start_epoch: int) -> int | None:
+        """The first batch after the epochs of a job that starts with `start_epoch` (None: no end)."""
+        return None if self.epochs is None else self.first_batch(start_epoch + self.epochs)

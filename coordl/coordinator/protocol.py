@@ -32,7 +32,7 @@ import msgpack
 
 from coordl.errors import CoordinatorError
 
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 1024      # bytes of one frame the daemon accepts from a client
 MAX_REPLY = 4 * 1024 * 1024  # bytes of one frame a client accepts from the daemon
@@ -47,8 +47,33 @@ class Message:
     TYPE: ClassVar[str] = ""
 
     def encode(self) -> bytes:
-        body = msgpack.packb({"type": self.TYPE, **self.__dict__}, use_bin_type=True)
+        fields_ = {"type": self.TYPE, **self.__dict__}
+        try:
+            body = msgpack.packb(fields_, use_bin_type=True)
+        except UnicodeEncodeError:  # a path that is not UTF-8 (os.fsdecode's surrogates)
+            body = msgpack.packb(_printable(fields_), use_bin_type=True)
         return HEADER.pack(len(body)) + body
+
+
+def printable(text: str) -> str:
+    """`text` as valid UTF-8: the bytes of a non-UTF-8 path (``os.fsdecode``'s surrogate
+    escapes) shown as ``\\xff``. Paths on the wire are for people to read (error messages,
+    `coordl status`); the one path a receiver opens, Welcome.ring, is ASCII (segments.py)."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _printable(value):
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_printable(v) for v in value]
+    return value
 
 
 def _registry(*classes: type[Message]) -> dict[str, type[Message]]:
@@ -58,14 +83,16 @@ def _registry(*classes: type[Message]) -> dict[str, type[Message]]:
 # -- job -> daemon ----------------------------------------------------------------
 @dataclass(frozen=True)
 class Hello(Message):
-    """A job asks to attach; the daemon checks every field against its own dataset."""
+    """A job asks to attach; the daemon checks every field that changes a batch against its own."""
     TYPE: ClassVar[str] = "hello"
     version: int
-    fingerprint: str   # the job's dataset fingerprint (sha256 hex of the manifest)
-    root: str          # the job's dataset folder (for error messages)
+    fingerprint: str   # the job's dataset fingerprint (coordl/manifest.py)
+    root: str          # the job's dataset folder (for error messages; `printable`)
     items: int
     transform: str
     size: int
+    seed: int          # the job's ImageFolder seed (order and augmentation)
+    on_error: str      # the job's ImageFolder on_error
     batch_size: int
     shuffle: bool
     drop_last: bool
@@ -109,7 +136,7 @@ class Welcome(Message):
     batch_size: int
     size: int
     batches_per_epoch: int
-    epochs: int | None       # epochs the daemon serves in all (None: no limit)
+    epochs: int | None       # epochs each job gets (None: as many as it iterates)
     seed: int
     start_epoch: int         # the job's first epoch (late joiners: the next boundary)
 

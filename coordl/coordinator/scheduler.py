@@ -5,18 +5,29 @@ sends the messages it returns. That keeps the rules in one place and testable
 without processes:
 
 - A job's *cursor* is the next batch (global index, plan.py) it will be
-  handed. Every batch at or after the cursor is one it needs, so when a batch
-  is published its holders are the attached jobs whose cursor is at or before
-  it. A batch handed out stays held by the job until it sends Release.
+  handed, its *end* the first batch after its last epoch (`Plan.end_batch`;
+  None without --epochs). It needs every batch in [cursor, end), so when a
+  batch is published its holders are the attached jobs that need it. A batch
+  handed out stays held by the job until it sends Release.
+- A job attaches at the next epoch boundary (`Plan.join_epoch`) and gets
+  `Plan.epochs` epochs from there: epochs are counted per job.
+- The join window: when a job attaches to a daemon with no job attached, a
+  *group* begins, and no batch is handed out until at least `min_jobs` jobs
+  are attached and no job has attached for `join_window` seconds. Batches are
+  prepared meanwhile, and none is released, so every job of the group joins
+  the same epoch (the first batch of it is still in the ring). `tick` closes
+  the window and returns the batches for the jobs that waited.
 - The producer prepares batches in order, only while some attached job needs
   the next one, and only into a free slot: so the fastest job is at most K
   batches ahead of the slowest (K = slots).
-- A job attaches at the next epoch boundary (`Plan.join_epoch`).
 - A job that stops mid-epoch and begins the next one gives up the rest of the
   epoch (its holds on it are released at once).
 - A straggler is a holder of the oldest slot while the ring is full and the
   producer has work to do, that has made no progress (no request, no
-  release) for `straggler_timeout` seconds; the daemon detaches it.
+  release) for `straggler_timeout` seconds; the daemon detaches it. Nobody
+  is a straggler while the join window holds the batches back.
+- With --epochs the daemon is done once a group has started and no job is
+  attached any more (`finished`).
 """
 
 from __future__ import annotations
@@ -32,8 +43,9 @@ from .ring import SlotState, SlotTable
 class Job:
     id: int
     pid: int
-    start_epoch: int
+    start_epoch: int               # its first epoch (a daemon epoch number)
     cursor: int                    # next batch to hand out
+    end: int | None                # first batch after its last epoch (None: no limit)
     last_progress: float           # monotonic time of its last request or release
     epoch: int | None = None       # the epoch it iterates (None: between epochs)
     epoch_end: int = 0             # first batch after that epoch
@@ -41,13 +53,20 @@ class Job:
     batches: int = 0               # batches handed out in all
     holding: set[int] = field(default_factory=set)  # batch indices handed out, not released
 
+    def needs(self, index: int) -> bool:
+        return self.cursor <= index and (self.end is None or index < self.end)
+
 
 class Scheduler:
-    def __init__(self, plan: Plan, slots: SlotTable, min_jobs: int = 1) -> None:
-        self.plan, self.slots, self.min_jobs = plan, slots, min_jobs
+    def __init__(self, plan: Plan, slots: SlotTable, min_jobs: int = 1,
+                 join_window: float = 0.0) -> None:
+        self.plan, self.slots = plan, slots
+        self.min_jobs, self.join_window = min_jobs, join_window
         self.jobs: dict[int, Job] = {}
         self.next_batch = 0          # the next batch to prepare
-        self.started = False         # min_jobs were attached at least once
+        self.gathering = False       # a group's join window is open: no batch is handed out
+        self.last_attach = 0.0       # when the last job of the gathering group attached
+        self.started = False         # some group's window has closed (batches were handed out)
         self.full_since: float | None = None  # when the producer last found no free slot
         self._next_id = 1
 
@@ -59,25 +78,43 @@ class Scheduler:
             low -= 1
         return self.plan.join_epoch(low)
 
-    def attach(self, pid: int, now: float) -> Job | str:
-        """A new job, or the reason it cannot attach."""
+    def attach(self, pid: int, now: float) -> Job:
+        if not self.jobs:
+            self.gathering = True    # the first job of a new group
+        if self.gathering:
+            self.last_attach = now
         start = self.join_epoch()
-        if not self.plan.served(start):
-            return (f"this daemon serves {self.plan.epochs} epochs and all of them have started, "
-                    "so a new job would get no whole epoch: start a new daemon (coordl serve)")
-        job = Job(self._next_id, pid, start, self.plan.first_batch(start), now)
+        cursor = self.plan.first_batch(start)
+        job = Job(self._next_id, pid, start, cursor, self.plan.end_batch(start), now)
         self._next_id += 1
         self.jobs[job.id] = job
         for index, slot in self.slots.by_index.items():
-            if index >= job.cursor:
+            if job.needs(index):
                 self.slots.hold(slot, job.id)
-        if len(self.jobs) >= self.min_jobs:
-            self.started = True
         return job
 
     def detach(self, job_id: int) -> None:
         if self.jobs.pop(job_id, None) is not None:
             self._freed(self.slots.drop(job_id))
+        if not self.jobs:
+            self.gathering = False
+
+    def tick(self, now: float) -> list[tuple[int, p.Message]]:
+        """Close the join window once it has passed (the daemon calls this every turn of its
+        loop; nothing else closes it): the replies for the jobs that waited."""
+        if not (self.gathering and len(self.jobs) >= self.min_jobs
+                and now - self.last_attach >= self.join_window):
+            return []
+        self.gathering, self.started = False, True
+        self.full_since = None  # nobody could make progress while the window held the batches
+        out = []
+        for job in self.jobs.values():
+            if job.waiting:
+                reply = self._deliver(job)
+                if reply is not None:
+                    job.waiting = False
+                    out.append((job.id, reply))
+        return out
 
     def begin(self, job_id: int, now: float) -> p.Message:
         job = self.jobs[job_id]
@@ -85,10 +122,12 @@ class Scheduler:
         bpe = self.plan.batches_per_epoch
         # between epochs: the one at the cursor; inside one: the next (the rest is given up)
         epoch = -(-job.cursor // bpe) if job.epoch is None else job.epoch + 1
-        if not self.plan.served(epoch):
-            return p.Refused(f"this job has had all {self.plan.epochs} epochs the daemon serves "
-                             f"(it started at epoch {job.start_epoch}): iterate fewer epochs, or "
-                             "start the daemon with more (coordl serve --epochs)")
+        if job.end is not None and self.plan.first_batch(epoch) >= job.end:
+            last = job.start_epoch + self.plan.epochs - 1
+            return p.Refused(f"this job has had its {self.plan.epochs} epochs (the daemon's epochs "
+                             f"{job.start_epoch}-{last}; `coordl serve --epochs "
+                             f"{self.plan.epochs}` gives each job {self.plan.epochs}): iterate "
+                             "fewer epochs, or start the daemon with more (coordl serve --epochs)")
         for index in list(job.holding):  # handed out (a Next sent ahead) and now given up
             self.release(job.id, index, now)
         self._skip_to(job, self.plan.first_batch(epoch))
@@ -114,7 +153,7 @@ class Scheduler:
         if job.cursor >= job.epoch_end:
             epoch, job.epoch = job.epoch, None
             return p.EndOfEpoch(epoch)
-        reply = self._deliver(job)
+        reply = None if self.gathering else self._deliver(job)
         if reply is None and job.cursor < self.next_batch and job.cursor not in self.slots.by_index:
             return p.Refused(f"batch {job.cursor} was freed before this job took it (a bug: "
                              "please report it); restart the job")
@@ -150,13 +189,16 @@ class Scheduler:
             self.full_since = None
 
     # -- production --
+    def _next_needed(self) -> int | None:
+        """The lowest batch not prepared yet that an attached job needs."""
+        needed = [max(j.cursor, self.next_batch) for j in self.jobs.values()]
+        needed = [g for g, j in zip(needed, self.jobs.values()) if j.end is None or g < j.end]
+        return min(needed, default=None)
+
     def to_prepare(self, now: float) -> tuple[int, int] | None:
         """(slot, batch) to prepare next, claimed; None when there is nothing to do now."""
-        if not self.started or not self.jobs:
-            return None
-        index = max(self.next_batch, min(j.cursor for j in self.jobs.values()))
-        total = self.plan.total_batches
-        if total is not None and index >= total:
+        index = self._next_needed()
+        if index is None:
             return None
         slot = self.slots.free_slot()
         if slot is None:
@@ -168,7 +210,7 @@ class Scheduler:
         return slot, index
 
     def _holders(self, index: int) -> set[int]:
-        return {j.id for j in self.jobs.values() if j.cursor <= index}
+        return {j.id for j in self.jobs.values() if j.needs(index)}
 
     def published(self, slot: int, rows: int) -> list[tuple[int, p.Message]]:
         self.slots.publish(slot, rows, self._holders(self.slots.index[slot]))
@@ -180,6 +222,8 @@ class Scheduler:
         return self._wake(index)
 
     def _wake(self, index: int) -> list[tuple[int, p.Message]]:
+        if self.gathering:
+            return []
         out = []
         for job in self.jobs.values():
             if job.waiting and job.cursor == index:
@@ -192,7 +236,7 @@ class Scheduler:
     # -- faults and the end --
     def stragglers(self, now: float, timeout: float) -> list[int]:
         """Jobs to detach: they hold the oldest slot of a full ring and made no progress."""
-        if self.full_since is None or self.slots.free_slot() is not None:
+        if self.gathering or self.full_since is None or self.slots.free_slot() is not None:
             return []
         oldest = self.slots.oldest()
         if oldest is None:
@@ -202,15 +246,18 @@ class Scheduler:
                 if now - max(self.jobs[j].last_progress, self.full_since) > timeout]
 
     def finished(self) -> bool:
-        """No job attached and none could attach for a whole epoch: the daemon is done."""
-        return self.started and not self.jobs and not self.plan.served(self.join_epoch())
+        """With --epochs: a group has started and every job has left, so the daemon is done."""
+        return self.plan.epochs is not None and self.started and not self.jobs
 
     def job_status(self, job: Job, now: float) -> dict:
         bpe = self.plan.batches_per_epoch
+        inside = job.epoch is not None
         return {
             "job": job.id, "pid": job.pid, "start_epoch": job.start_epoch,
-            "epoch": job.epoch, "batch": job.cursor - self.plan.first_batch(job.epoch)
-            if job.epoch is not None else None, "batches_per_epoch": bpe,
-            "holding": sorted(job.holding), "waiting": job.waiting, "batches": job.batches,
-            "idle_s": round(now - job.last_progress, 3),
+            "epoch": job.epoch,                                    # the daemon's epoch number
+            "job_epoch": job.epoch - job.start_epoch if inside else None,  # 0: its first epoch
+            "epochs": self.plan.epochs,                            # each job's count (None: no limit)
+            "batch": job.cursor - self.plan.first_batch(job.epoch) if inside else None,
+            "batches_per_epoch": bpe, "holding": sorted(job.holding), "waiting": job.waiting,
+            "batches": job.batches, "idle_s": round(now - job.last_progress, 3),
         }

@@ -11,7 +11,8 @@ chunks go to whichever worker is free and batches complete in order.
 NOTE (lifecycle of a prep worker):
 - created by the daemon (`WorkerPool.start`, and `_spawn` again when one died);
   it closes every descriptor of the daemon's except its own socket;
-- attaches to nothing: it inherits the ring mapping and the dataset;
+- attaches to nothing: it inherits the ring mapping and the dataset (the
+  daemon's bound copy, whose `TaskCounters` each worker has a copy of);
 - exits when its socket reaches EOF (the daemon closed it, or died);
   prctl(PR_SET_PDEATHSIG, SIGKILL) also kills it if the daemon dies by
   SIGKILL while it is decoding. It ignores SIGINT (Ctrl-C in the daemon's
@@ -35,8 +36,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from coordl.errors import SampleError
-
 from . import protocol as p
 from .plan import Plan
 from .ring import Ring
@@ -46,8 +45,9 @@ _MAX_IN_FLIGHT = 2
 _PR_SET_PDEATHSIG = 1
 
 
-class _TaskCounters:
-    """Stands in for the dataset's shared Counters in a worker: increments per task."""
+class TaskCounters:
+    """The counters of the daemon's bound dataset: a prep worker's increments, per task (they
+    travel to the daemon in PrepDone)."""
 
     def __init__(self) -> None:
         self.counts: collections.Counter = collections.Counter()
@@ -70,24 +70,14 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _prep_rows(dataset, plan: Plan, ring: Ring, task: p.PrepTask) -> int:
-    """Prepare rows lo..hi of the task's batch; returns how many were kept (skips compact)."""
-    epoch = plan.epoch_of(task.index)
+def _prep_task(dataset, plan: Plan, ring: Ring, task: p.PrepTask) -> int:
+    """Prepare rows lo..hi of the task's batch into its slot (`ImageFolder.prep_rows`: the
+    dataset's one fetch -> prep -> skip loop); returns how many rows were kept, from lo on."""
     items = plan.batch(task.index)[task.lo:task.hi]
-    images, labels, ids = ring.images[task.slot], ring.labels[task.slot], ring.ids[task.slot]
-    row = task.lo
-    for item in items.tolist():
-        try:
-            dataset.prep_into(dataset.fetch(item), item, epoch, images[row])
-        except SampleError:
-            if dataset.on_error != "skip":
-                raise
-            dataset.counters.add(errors_skipped=1)
-            continue
-        labels[row], ids[row] = dataset.manifest.labels[item], item
-        row += 1
-    dataset.counters.add(samples=row - task.lo)
-    return row - task.lo
+    rows = slice(task.lo, task.hi)
+    slot = task.slot
+    return dataset.prep_rows(items, plan.epoch_of(task.index), ring.images[slot][rows],
+                             ring.labels[slot][rows], ids=ring.ids[slot][rows])
 
 
 def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: int) -> None:
@@ -98,7 +88,7 @@ def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: in
         signal.set_wakeup_fd(-1)  # the daemon's wake-up socket is not ours (and is closed here)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        dataset.counters = _TaskCounters()
+        counters = dataset.counters
         reader = p.FrameReader(p.TO_WORKER, p.MAX_REQUEST)
         while True:
             data = sock.recv(65536)
@@ -106,10 +96,11 @@ def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: in
                 break
             for task in reader.feed(data):
                 try:
-                    kept = _prep_rows(dataset, plan, ring, task)
+                    kept = _prep_task(dataset, plan, ring, task)
                     reply: p.Message = p.PrepDone(task.slot, task.index, task.lo, task.hi, kept,
-                                                  dataset.counters.take())
+                                                  counters.take())
                 except Exception as e:  # noqa: BLE001 (travels to the jobs as data; the worker goes on)
+                    counters.take()  # the failed batch's counts are dropped with it
                     reply = p.PrepFailed(task.slot, task.index, task.lo, task.hi,
                                          f"{type(e).__name__}: {e}")
                 sock.sendall(reply.encode())

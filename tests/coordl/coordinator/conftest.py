@@ -59,7 +59,10 @@ def sockdir():
 
 @pytest.fixture
 def serve(sockdir):
-    """serve(root, batch_size=4, size=32, **options) -> Served; every daemon is stopped after the test."""
+    """serve(root, batch_size=4, size=32, **options) -> Served; every daemon is stopped after the test.
+
+    Options are `coordl serve` flags (min_jobs=2 -> --min-jobs 2, True -> a bare flag). The join
+    window is 0 unless a test asks for one (join_window=None: the daemon's default)."""
     started: list[Served] = []
 
     def start(root: str, batch_size: int = 4, size: int = 32, name: str = "s.sock", **options) -> Served:
@@ -67,7 +70,10 @@ def serve(sockdir):
         log = os.path.join(sockdir, name + ".err")
         argv = [COORDL, "serve", "--data", root, "--batch-size", str(batch_size), "--size", str(size),
                 "--socket", sock, "--workers", str(options.pop("workers", 2))]
+        options.setdefault("join_window", 0)
         for key, value in options.items():
+            if value is None:
+                continue
             flag = f"--{key.replace('_', '-')}"
             argv += [flag] if value is True else [flag, str(value)]
         with open(log, "w") as err:

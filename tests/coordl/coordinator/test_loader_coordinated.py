@@ -19,8 +19,8 @@ from coordl.coordinator.client import status
 from coordl.coordinator.plan import Plan
 
 
-def _loader(root, served, batch_size=4, size=32, transform="train", **kw):
-    ds = coordl.ImageFolder(root, transform=transform, size=size)
+def _loader(root, served, batch_size=4, size=32, transform="train", seed=0, on_error="raise", **kw):
+    ds = coordl.ImageFolder(root, transform=transform, size=size, seed=seed, on_error=on_error)
     kw.setdefault("shuffle", True)
     kw.setdefault("timeout", 60)  # a hang fails the test instead of waiting for ever
     return coordl.DataLoader(ds, batch_size=batch_size, coordinator=served.address, **kw)
@@ -28,7 +28,7 @@ def _loader(root, served, batch_size=4, size=32, transform="train", **kw):
 
 def test_batches_are_the_plan_with_the_local_pixels(tiny_root, serve):
     served = serve(tiny_root, seed=5)
-    loader = _loader(tiny_root, served)
+    loader = _loader(tiny_root, served, seed=5)
     assert len(loader) == 10 and isinstance(loader, torch.utils.data.DataLoader)
     ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=5)
     plan = Plan(40, 4, seed=5)
@@ -77,18 +77,41 @@ def test_drop_last_and_len(tiny_root, serve):
 
 
 @pytest.mark.parametrize("change, words", [
-    (dict(batch_size=8), ["batch_size=8 (job)", "batch_size=4", "--batch-size"]),
-    (dict(size=48), ["size=48 (job)", "size=32", "--size"]),
-    (dict(transform="val"), ["transform='val' (job)", "transform='train'", "--transform"]),
-    (dict(shuffle=False), ["shuffle=False (job)", "shuffle=True"]),
+    (dict(seed=5), ["seed=5 (job) != the daemon's seed=0 (--seed 0)", "coordl serve --seed 5"]),
+    (dict(on_error="skip"), ["on_error='skip' (job) != the daemon's on_error='raise' "
+                             "(--on-error raise)", "coordl serve --on-error skip"]),
+    (dict(batch_size=8), ["batch_size=8 (job) != the daemon's batch_size=4 (--batch-size 4)"]),
+    (dict(size=48), ["size=48 (job) != the daemon's size=32 (--size 32)"]),
+    (dict(transform="val"), ["transform='val' (job) != the daemon's transform='train' "
+                             "(--transform train)"]),
+    (dict(shuffle=False), ["shuffle=False (job) != the daemon's shuffle=True (--shuffle)",
+                           "coordl serve --no-shuffle"]),
+    (dict(drop_last=True), ["drop_last=True (job) != the daemon's drop_last=False (--keep-last)",
+                            "coordl serve --drop-last"]),
 ])
-def test_mismatch_is_refused_naming_it(tiny_root, serve, change, words):
+def test_every_difference_that_changes_a_batch_is_refused_naming_it(tiny_root, serve, change, words):
     served = serve(tiny_root)
     with pytest.raises(coordl.CoordinatorError) as err:
         _loader(tiny_root, served, **change)
+    assert "differs from the coordinator in 1 thing that changes a batch" in str(err.value)
     for word in words:
         assert word in str(err.value)
     assert status(served.socket)["jobs"] == []
+
+
+def test_all_differences_are_named_at_once(tiny_root, photo_root, serve):
+    served = serve(tiny_root, seed=3, on_error="skip", drop_last=True)
+    with pytest.raises(coordl.CoordinatorError) as err:
+        _loader(photo_root, served, seed=4, batch_size=5, shuffle=False)
+    text = str(err.value)
+    assert "in 6 things that change a batch" in text
+    for word in ["dataset fingerprint", "(40 items in", "the daemon's", "seed=4 (job) != the daemon's seed=3",
+                 "on_error='raise' (job) != the daemon's on_error='skip'",
+                 "batch_size=5 (job) != the daemon's batch_size=4", "shuffle=False (job)",
+                 "drop_last=False (job) != the daemon's drop_last=True (--drop-last)",
+                 "coordl serve --seed 4 --on-error raise --batch-size 5 --no-shuffle --keep-last"]:
+        assert word in text, word
+    assert len(_loader(tiny_root, served, seed=3, on_error="skip", drop_last=True)) == 10  # the same: in
 
 
 def test_another_dataset_is_refused_by_fingerprint(tiny_root, photo_root, serve, tmp_path):
@@ -172,7 +195,7 @@ def test_epochs_run_out(tiny_root, serve):
     served = serve(tiny_root, epochs=1)
     loader = _loader(tiny_root, served)
     assert len(list(loader)) == 10
-    with pytest.raises(coordl.CoordinatorError, match="all 1 epochs the daemon serves"):
+    with pytest.raises(coordl.CoordinatorError, match="this job has had its 1 epochs"):
         iter(loader)
     assert served.wait() == 0  # nobody attached, nothing left to serve
 
@@ -234,7 +257,7 @@ def test_a_bad_image_fails_its_batch_in_the_jobs_or_is_skipped(tiny_root, serve,
     # one epoch only: a daemon serving more would start preparing the next epoch (and skip
     # the broken file again) while this job is still reading the first
     skipping = serve(root, batch_size=8, on_error="skip", name="skip.sock", epochs=1)
-    loader = _loader(root, skipping, batch_size=8)
+    loader = _loader(root, skipping, batch_size=8, on_error="skip")
     rows, ids = 0, []
     for batch in loader:  # a batch's views are valid until the next one is asked for
         rows += batch[0].shape[0]

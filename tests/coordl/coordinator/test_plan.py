@@ -1,11 +1,12 @@
-"""plan.py: the epoch order and batches are pure functions; late joiners start at a boundary."""
+"""plan.py: the epoch order and batches are pure functions; late joiners start at a boundary
+and get their own epochs."""
 
 import numpy as np
 import pytest
 
+from coordl import sampling
 from coordl.coordinator.plan import Plan
 from coordl.errors import ConfigError
-from coordl.pipelines import crop
 
 
 def test_order_is_a_permutation_per_epoch_and_a_pure_function():
@@ -18,15 +19,16 @@ def test_order_is_a_permutation_per_epoch_and_a_pure_function():
     assert not a.flags.writeable
 
 
-def test_order_stream_is_not_an_item_augmentation_stream():
-    order = Plan(50, 5, seed=0).order(2)
-    items_rng = crop.item_rng(0, 2, 0x0DE5).sample(range(50), 50)
-    assert not np.array_equal(order, items_rng)
+def test_the_order_is_the_one_every_loader_uses():
+    for shuffle in (True, False):
+        plan = Plan(50, 5, seed=7, shuffle=shuffle)
+        for epoch in range(3):
+            assert np.array_equal(plan.order(epoch), sampling.epoch_order(50, 7, epoch, shuffle))
 
 
 def test_batches_cover_each_epoch_once():
     plan = Plan(10, 4, seed=1)
-    assert plan.batches_per_epoch == 3 and plan.total_batches is None
+    assert plan.batches_per_epoch == 3 and plan.end_batch(5) is None
     for epoch in range(3):
         batches = [plan.batch(g) for g in range(plan.first_batch(epoch), plan.first_batch(epoch + 1))]
         assert [len(b) for b in batches] == [4, 4, 2] == [plan.batch_len(g) for g in range(3)]
@@ -37,8 +39,8 @@ def test_batches_cover_each_epoch_once():
 def test_no_shuffle_and_drop_last():
     plan = Plan(10, 4, shuffle=False, drop_last=True, epochs=2)
     assert plan.batch(1).tolist() == [4, 5, 6, 7] and plan.batch(2).tolist() == [0, 1, 2, 3]
-    assert plan.batches_per_epoch == 2 and plan.total_batches == 4
-    assert plan.served(1) and not plan.served(2)
+    assert plan.batches_per_epoch == 2
+    assert plan.end_batch(0) == 4 and plan.end_batch(3) == 10  # 2 epochs for each job
 
 
 def test_late_joiners_start_at_the_next_epoch_boundary():

@@ -1,4 +1,5 @@
-"""scheduler.py without processes: holds, the K-batch bound, joiners, stragglers, the end."""
+"""scheduler.py without processes: holds, the K-batch bound, the join window, per-job epochs,
+joiners, stragglers, the end."""
 
 from coordl.coordinator import protocol as p
 from coordl.coordinator.plan import Plan
@@ -6,8 +7,8 @@ from coordl.coordinator.ring import SlotTable
 from coordl.coordinator.scheduler import Scheduler
 
 
-def make(items=12, batch=4, slots=2, epochs=None, min_jobs=1):
-    return Scheduler(Plan(items, batch, epochs=epochs), SlotTable(slots), min_jobs)
+def make(items=12, batch=4, slots=2, epochs=None, min_jobs=1, join_window=0.0):
+    return Scheduler(Plan(items, batch, epochs=epochs), SlotTable(slots), min_jobs, join_window)
 
 
 def fill(s, now=0.0):
@@ -19,28 +20,86 @@ def fill(s, now=0.0):
     return replies
 
 
-def test_min_jobs_holds_production_back():
+def attach(s, pid, now=0.0):
+    """Attach and let the (zero-length) join window close, as the daemon's loop does."""
+    job = s.attach(pid, now)
+    s.tick(now)
+    return job
+
+
+def take(s, job, now=0.0):
+    """The job's next batch, released at once; its index (None: it must wait)."""
+    reply = s.next(job.id, now)
+    if not isinstance(reply, p.Ready):
+        return reply
+    s.release(job.id, reply.index, now)
+    fill(s, now)
+    return reply.index
+
+
+def test_min_jobs_holds_the_first_batch_back():
     s = make(min_jobs=2)
     a = s.attach(pid=1, now=0)
-    assert s.to_prepare(0) is None
-    s.attach(pid=2, now=0)
-    assert s.to_prepare(0) == (0, 0) and a.start_epoch == 0
+    s.begin(a.id, 0)
+    assert s.to_prepare(0) == (0, 0)  # batches are prepared meanwhile ...
+    s.published(0, 4)
+    assert s.next(a.id, 0) is None and s.tick(100) == []  # ... but none is handed out
+    b = s.attach(pid=2, now=100)
+    assert b.start_epoch == 0 and s.slots.holders[0] == {a.id, b.id}
+    assert s.tick(100) == [(a.id, p.Ready(0, 0, 0, 4))]
+
+
+def test_join_window_starts_every_job_of_a_group_at_the_same_epoch():
+    s = make(slots=3, join_window=5.0)
+    a = s.attach(1, now=0)
+    s.begin(a.id, 0)
+    assert fill(s, 0) == [] and s.next(a.id, 0) is None  # prepared, held back
+    assert s.tick(4.9) == []
+    b = s.attach(2, now=4.0)  # every attach restarts the window
+    assert s.tick(8.9) == [] and s.gathering
+    assert b.start_epoch == a.start_epoch == 0
+    assert all(s.slots.holders[slot] == {a.id, b.id} for slot in range(3))
+    assert s.stragglers(now=1000, timeout=1) == []  # nobody can move while the window holds
+    assert s.tick(9.0) == [(a.id, p.Ready(0, 0, 0, 4))]  # the waiting job gets its batch
+    s.begin(b.id, 9)
+    assert s.next(b.id, 9) == p.Ready(0, 0, 0, 4)
+    c = s.attach(3, now=9.5)  # batch 0 of epoch 0 is still in the ring: c joins epoch 0 too
+    assert c.start_epoch == 0 and not s.gathering
+    s.begin(c.id, 9.5)
+    for job in (a, b, c):
+        s.release(job.id, 0, 10)
+        if job is c:
+            assert s.next(c.id, 10) == p.Ready(0, 0, 0, 4)
+            s.release(c.id, 0, 10)
+    d = s.attach(4, now=10)  # batch 0 has left the ring: the next boundary, at once
+    assert d.start_epoch == 1 and not s.gathering
+
+
+def test_a_new_group_gets_a_new_window():
+    s = make(join_window=2.0)
+    a = s.attach(1, 0)
+    s.tick(2)
+    s.detach(a.id)
+    assert not s.gathering
+    b = s.attach(2, 10)
+    s.begin(b.id, 10)
+    fill(s, 10)
+    assert s.gathering and s.next(b.id, 10) is None
+    assert s.tick(12) == [(b.id, p.Ready(0, 0, 0, 4))]
 
 
 def test_fastest_job_runs_at_most_k_batches_ahead():
     s = make(slots=2)
-    fast, slow = s.attach(1, 0), s.attach(2, 0)
+    fast, slow = attach(s, 1), attach(s, 2)
     for job in (fast, slow):
         assert s.begin(job.id, 0) == p.EpochStart(0, 3)
     fill(s)
     got = []
     for _ in range(3):
-        reply = s.next(fast.id, 0)
-        if reply is None:
+        index = take(s, fast)
+        if index is None:
             break
-        got.append(reply.index)
-        s.release(fast.id, reply.index, 0)
-        fill(s)
+        got.append(index)
     assert got == [0, 1]  # the slow job still holds batch 0: the ring (K=2) is full
     assert s.next(slow.id, 0) == p.Ready(0, 0, 0, 4)
     s.release(slow.id, 0, 0)
@@ -49,41 +108,84 @@ def test_fastest_job_runs_at_most_k_batches_ahead():
 
 def test_detaching_releases_holds_and_unblocks_the_others():
     s = make(slots=2)
-    fast, dead = s.attach(1, 0), s.attach(2, 0)
+    fast, dead = attach(s, 1), attach(s, 2)
     s.begin(fast.id, 0)
     s.begin(dead.id, 0)
     fill(s)
-    for index in (0, 1):
-        assert s.next(fast.id, 0).index == index
-        s.release(fast.id, index, 0)
-    assert s.next(fast.id, 0) is None
+    assert [take(s, fast), take(s, fast), take(s, fast)] == [0, 1, None]
     s.detach(dead.id)
     assert fill(s) == [(fast.id, p.Ready(2, 0, 0, 4))]
 
 
 def test_late_joiner_gets_whole_epochs_and_holds_prefetched_ones():
     s = make(slots=3)
-    a = s.attach(1, 0)
+    a = attach(s, 1)
     s.begin(a.id, 0)
     fill(s)  # batches 0, 1, 2: all of epoch 0 is still in the ring
     assert s.join_epoch() == 0
-    s.next(a.id, 0)
-    s.release(a.id, 0, 0)
-    fill(s)  # batch 0 is gone, batch 3 (epoch 1) prepared
-    b = s.attach(2, 0)
+    assert take(s, a) == 0  # batch 0 is gone, batch 3 (epoch 1) prepared
+    b = attach(s, 2)
     assert b.start_epoch == 1 and b.cursor == 3
     assert s.slots.holders[s.slots.by_index[3]] == {a.id, b.id}  # it holds what was prefetched
-    for index in range(1, 3):
-        s.next(a.id, 0)
-        s.release(a.id, index, 0)
-        fill(s)
+    assert [take(s, a), take(s, a)] == [1, 2]
     assert s.next(a.id, 0) == p.EndOfEpoch(0)
     assert s.begin(b.id, 0) == p.EpochStart(1, 3) and s.next(b.id, 0).index == 3
 
 
+def run_epoch(s, job, epoch):
+    assert s.begin(job.id, 0) == p.EpochStart(epoch, 3)
+    got = [take(s, job) for _ in range(4)]
+    assert got[-1] == p.EndOfEpoch(epoch)
+    return got[:-1]
+
+
+def test_epochs_are_counted_per_job():
+    s = make(slots=8, epochs=2)  # 3 batches per epoch
+    a = attach(s, 1)
+    assert (a.start_epoch, a.end) == (0, 6)
+    s.begin(a.id, 0)
+    fill(s)
+    assert sorted(s.slots.by_index) == [0, 1, 2, 3, 4, 5]  # nobody needs batch 6
+    assert take(s, a) == 0
+    b = attach(s, 2)  # epoch 0 under way: b starts with epoch 1 and gets epochs 1 and 2
+    assert (b.start_epoch, b.cursor, b.end) == (1, 3, 9)
+    fill(s)
+    assert sorted(s.slots.by_index) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert s.slots.holders[s.slots.by_index[3]] == {a.id, b.id}
+    assert s.slots.holders[s.slots.by_index[6]] == {b.id}  # past a's end: b's only
+    assert [take(s, a), take(s, a), take(s, a)] == [1, 2, p.EndOfEpoch(0)]
+    assert run_epoch(s, a, 1) == [3, 4, 5]
+    assert isinstance(s.begin(a.id, 0), p.Refused)  # a has had its 2 epochs
+    s.detach(a.id)
+    assert run_epoch(s, b, 1) == [3, 4, 5] and run_epoch(s, b, 2) == [6, 7, 8]
+    refused = s.begin(b.id, 0)
+    assert isinstance(refused, p.Refused)
+    assert "had its 2 epochs" in refused.reason and "epochs 1-2" in refused.reason
+    assert s.to_prepare(0) is None  # nobody needs batch 9
+    assert not s.finished()
+    s.detach(b.id)
+    assert s.finished()
+
+
+def test_a_job_past_its_end_holds_nothing():
+    s = make(slots=3, epochs=1)
+    a = attach(s, 1)
+    s.begin(a.id, 0)
+    fill(s)
+    assert take(s, a) == 0
+    b = attach(s, 2)  # starts with epoch 1: a (done after epoch 0) must not hold its batches
+    for _ in range(2):
+        take(s, a)
+    fill(s)
+    assert s.next(a.id, 0) == p.EndOfEpoch(0)
+    for index, slot in s.slots.by_index.items():
+        assert a.id not in s.slots.holders[slot], index
+    assert b.end == 6 and s.begin(b.id, 0) == p.EpochStart(1, 3)
+
+
 def test_begin_mid_epoch_skips_the_rest():
     s = make(slots=3)
-    a, b = s.attach(1, 0), s.attach(2, 0)
+    a, b = attach(s, 1), attach(s, 2)
     s.begin(a.id, 0)
     s.begin(b.id, 0)
     fill(s)
@@ -93,7 +195,7 @@ def test_begin_mid_epoch_skips_the_rest():
 
 def test_failed_batch_is_delivered_as_an_error_and_released():
     s = make()
-    a = s.attach(1, 0)
+    a = attach(s, 1)
     s.begin(a.id, 0)
     slot, index = s.to_prepare(0)
     assert s.next(a.id, 0) is None
@@ -103,7 +205,7 @@ def test_failed_batch_is_delivered_as_an_error_and_released():
 
 def test_straggler_is_the_idle_holder_of_the_oldest_slot_of_a_full_ring():
     s = make(slots=2)
-    idle, busy = s.attach(1, 0), s.attach(2, 0)
+    idle, busy = attach(s, 1), attach(s, 2)
     s.begin(idle.id, 0)
     s.begin(busy.id, 0)
     fill(s, now=0)
@@ -115,17 +217,17 @@ def test_straggler_is_the_idle_holder_of_the_oldest_slot_of_a_full_ring():
     assert s.stragglers(now=12, timeout=10) == [idle.id]
 
 
-def test_finished_when_no_job_could_get_a_whole_epoch():
+def test_finished_once_a_group_started_and_every_job_left():
     s = make(epochs=1)
     assert not s.finished()
     a = s.attach(1, 0)
+    s.detach(a.id)
+    assert not s.finished()  # it left before its group started: keep serving
+    a = attach(s, 1)
     s.begin(a.id, 0)
-    for index in range(3):
-        fill(s)
-        s.next(a.id, 0)
-        s.release(a.id, index, 0)
-    assert s.next(a.id, 0) == p.EndOfEpoch(0)
+    fill(s)
+    assert [take(s, a) for _ in range(4)] == [0, 1, 2, p.EndOfEpoch(0)]
     assert isinstance(s.begin(a.id, 0), p.Refused)
-    assert isinstance(s.attach(2, 0), str)
     s.detach(a.id)
     assert s.finished()
+    assert not make().finished()  # without --epochs: until stopped
