@@ -137,16 +137,15 @@ def is_coordl_dataset(dataset: Any) -> bool:
     return isinstance(dataset, CoordlDataset)
 
 
-def _default_ranks(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
-    """(rank, world_size, given): explicit values, else torch.distributed's, else (0, 1)."""
-    given = rank is not None or world_size is not None
+def _default_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else torch.distributed's (read now), else (0, 1)."""
     dist = torch.distributed
     if world_size is None:
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if rank is None:
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() and world_size > 1 else 0
     check_rank(rank, world_size)
-    return rank, world_size, given
+    return rank, world_size
 
 
 class DataLoader(torch.utils.data.DataLoader[T_co]):
@@ -201,9 +200,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         batched = batch_size is not None or batch_sampler is not None
         if coordl_ds and collate_fn is None and batched:
             collate_fn = collate
-        self._rank, self._world_size, given = _default_ranks(rank, world_size)
+        given = rank is not None or world_size is not None
+        self._ranks = (rank, world_size) if given else None  # None: torch.distributed's, read when used
+        _default_ranks(rank, world_size)                      # refuse bad values now
         user_sampler, user_shuffle = sampler, bool(shuffle)
-        self._made_sampler = self._rank_sampler = None
+        self._made_sampler = self._plan = None
+        self._rank_cache: tuple = (None, None)
         sampler, shuffle = self._sharding(dataset, coordl_ds, sampler, batch_sampler, shuffle,
                                           drop_last, generator, given)
         if coordl_ds and dataset.is_bound and cache is None and drop_page_cache is None:
@@ -232,9 +234,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._epoch_skip = 0  # ... of the epoch under way (torch may iterate the index sampler twice)
         self._position = Position()
         self._sampler_rng = resume.SamplerRNG(self.sampler) if type(self.sampler) is RandomSampler else None
-        if self._rank_sampler is not None:
-            self._rank_batches = self._rank_sampler if not self._auto_collation else BatchSampler(
-                self._rank_sampler, self.batch_size, self.drop_last)
         self._coordinator = None if coordinator is None else connect(
             coordinator, dataset, batch_size, user_shuffle, drop_last, timeout,
             custom=[a for a, v in (("sampler", user_sampler),
@@ -258,11 +257,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             # loader.sampler / loader.batch_sampler hold the whole epoch's order (a framework that
             # re-shards them, e.g. Accelerate, then shards once); our own iterators take this
             # rank's share of the same order (_index_sampler)
-            whole = plan_sampler(len(dataset), dataset.seed, bool(shuffle))
-            if self.world_size > 1:
-                self._rank_sampler = PlanSampler(len(dataset), dataset.seed, bool(shuffle), self.rank,
-                                                 self.world_size, drop_last)
-            return whole, None
+            self._plan = plan_sampler(len(dataset), dataset.seed, bool(shuffle))
+            return self._plan, None
         if self.world_size > 1:
             seed = generator.initial_seed() if generator is not None else 0
             self._made_sampler = DistributedSampler(dataset, self.world_size, self.rank, shuffle=bool(shuffle),
@@ -270,8 +266,38 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return self._made_sampler, None
         return sampler, shuffle
 
-    rank = property(lambda self: self._rank, doc="This process's rank among `world_size` (its share).")
-    world_size = property(lambda self: self._world_size, doc="The number of ranks the epoch is split over.")
+    @property
+    def rank(self) -> int:
+        """This process's rank among `world_size`: as given, else torch.distributed's when used."""
+        return _default_ranks(*(self._ranks or (None, None)))[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks each epoch is split over (as given, else torch.distributed's)."""
+        return _default_ranks(*(self._ranks or (None, None)))[1]
+
+    @property
+    def _rank_sampler(self) -> PlanSampler | None:
+        """This rank's share of the plan (None: one rank, or not the plan). Built when first needed,
+        so a loader made before `init_process_group` still shards once the group exists."""
+        if self._plan is None:
+            return None
+        rank, world = _default_ranks(*(self._ranks or (None, None)))
+        if world == 1:
+            return None
+        key, cached = self._rank_cache
+        if key != (rank, world):
+            plan = self._plan
+            sampler = PlanSampler(plan.items, plan.seed, plan.shuffle, rank, world, self.drop_last)
+            sampler.set_epoch(plan.epoch)
+            batches = BatchSampler(sampler, self.batch_size, self.drop_last) if self._auto_collation else sampler
+            self._rank_cache = ((rank, world), (sampler, batches))
+            cached = self._rank_cache[1]
+        return cached[0]
+
+    @property
+    def _rank_batches(self):
+        return self._rank_cache[1][1] if self._rank_sampler is not None else None
     coordinator = property(lambda self: self._coordinator,
                            doc="The daemon client (coordinator/client.py) when batches come from `coordl serve`.")
 
@@ -309,7 +335,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         coordinator = getattr(self, "_coordinator", None)
         if coordinator is not None:
             return len(coordinator)
-        return len(self._index_sampler) if getattr(self, "_rank_sampler", None) is not None else super().__len__()
+        return len(self._rank_batches) if self._rank_sampler is not None else super().__len__()
 
     def __iter__(self):
         if self._coordinator is not None:  # batches come from the daemon: coordinator/client.py
@@ -317,7 +343,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self.epoch = epoch.epoch
             return epoch
         self.epoch = self._next_epoch
-        self._next_epoch += 1
+        if isinstance(self.sampler, DistributedSampler) and self.sampler is not self._made_sampler:
+            # a framework (Lightning) or you set the epoch on your DistributedSampler: follow it,
+            # so a loader re-created every epoch still draws that epoch's augmentation
+            self.epoch = max(self.epoch, int(self.sampler.epoch))
+        self._next_epoch = self.epoch + 1
         pos = self._position
         self._epoch_skip, self._skip = self._skip, 0
         pos.epoch, pos.received, pos.active = self.epoch, self._epoch_skip, True
