@@ -1,0 +1,47 @@
+"""accelerator.prepare(coordl.DataLoader): one process, or one per rank under torchrun.
+
+    accelerate_job.py ROOT OUT_DIR EPOCHS [cache]
+
+Each rank writes OUT_DIR/rank<r>.json: the item ids (labels of the one-image-per-class
+dataset) of every epoch and coordl.loader_stats of the prepared loader after each epoch.
+"""
+
+import json
+import os
+import sys
+
+from accelerate import Accelerator
+
+import coordl
+
+
+def main() -> None:
+    root, out, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    cached = "cache" in sys.argv[4:]
+    acc = Accelerator(cpu=True)
+    ds = coordl.ImageFolder(root, transform="train", size=32, seed=3)
+    kw = {"cache": ds.manifest.total_bytes // 2} if cached else {}
+    loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, **kw)
+    prepared = acc.prepare(loader)
+    record = {"rank": acc.process_index, "world": acc.num_processes, "type": type(prepared).__name__,
+              "is_coordl": isinstance(prepared, coordl.DataLoader), "epochs": [], "stats": [],
+              "plan": [loader.epoch_indices(e) for e in range(epochs)]}
+    for _epoch in range(epochs):
+        ids = []
+        for images, labels in prepared:
+            assert images.shape[1:] == (3, 32, 32), images.shape
+            ids.extend(labels.tolist())
+        record["epochs"].append(ids)
+        record["stats"].append(coordl.loader_stats(prepared))
+    if cached:
+        record["cache_bytes"] = loader.dataset.cache.stats()["cache_bytes"]
+        record["total_bytes"] = ds.manifest.total_bytes
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            loader.dataset.cache.drop()
+    with open(os.path.join(out, f"rank{acc.process_index}.json"), "w") as f:
+        json.dump(record, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Accelerate's `prepare()` keeps coordl's cache, counters and batches; sharding happens once."""
+
+import json
+
+
+def _records(out, n):
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def test_one_process_keeps_the_cache_and_counters(ids_root, tmp_path, job):
+    job(["accelerate_job.py", ids_root, str(tmp_path), "3", "cache"])
+    (rec,) = _records(tmp_path, 1)
+    assert rec["type"] == "DataLoaderShard" and not rec["is_coordl"]
+    first, second, third = rec["stats"]
+    assert first["storage_reads"] == 30 and first["samples"] == 30
+    # epoch 2 reads from storage exactly the bytes the half-size cache did not take
+    uncached = rec["total_bytes"] - rec["cache_bytes"]
+    assert 0 < uncached < rec["total_bytes"]
+    assert second["storage_bytes"] - first["storage_bytes"] == uncached
+    assert third["storage_bytes"] - second["storage_bytes"] == uncached
+    assert second["cache_hits"] - first["cache_hits"] == rec["stats"][2]["cache_hits"] - second["cache_hits"] > 0
+    # the prepared loader yields the plan's order, epoch by epoch
+    assert rec["epochs"] == rec["plan"]
+
+
+def test_two_processes_under_torchrun_shard_once(ids_root, tmp_path, job):
+    job(["accelerate_job.py", ids_root, str(tmp_path), "2"], nproc=2)
+    recs = _records(tmp_path, 2)
+    assert [r["world"] for r in recs] == [2, 2]
+    for epoch in range(2):
+        a, b = recs[0]["epochs"][epoch], recs[1]["epochs"][epoch]
+        assert set(a) | set(b) == set(range(30))       # covering: sharded once, not twice
+        # Accelerate's even_batches pads the last batch from the epoch's head, as
+        # DistributedSampler does: 30 items in batches of 4 -> 8 batches, 2 items repeated
+        assert len(a) == len(b) == 16
+        order = a[:4] + b[:4]                          # the whole epoch's first two batches
+        assert sorted(set(a) & set(b)) == sorted(order[:2])
+    assert recs[0]["epochs"][0] != recs[0]["epochs"][1]
+    # each rank's counters count that rank's samples only
+    assert [r["stats"][-1]["samples"] for r in recs] == [32, 32]   # 2 epochs x 16
