@@ -62,13 +62,15 @@ def serve(sockdir):
     """serve(root, batch_size=4, size=32, **options) -> Served; every daemon is stopped after the test.
 
     Options are `coordl serve` flags (min_jobs=2 -> --min-jobs 2, True -> a bare flag). The join
-    window is 0 unless a test asks for one (join_window=None: the daemon's default)."""
+    window is 0 unless a test asks for one (join_window=None: the daemon's default). `program`
+    replaces the `coordl` command (argv before "serve")."""
     started: list[Served] = []
 
-    def start(root: str, batch_size: int = 4, size: int = 32, name: str = "s.sock", **options) -> Served:
+    def start(root: str, batch_size: int = 4, size: int = 32, name: str = "s.sock",
+              program: list[str] | None = None, **options) -> Served:
         sock = os.path.join(sockdir, name)
         log = os.path.join(sockdir, name + ".err")
-        argv = [COORDL, "serve", "--data", root, "--batch-size", str(batch_size), "--size", str(size),
+        argv = [*(program or [COORDL]), "serve", "--data", root, "--batch-size", str(batch_size), "--size", str(size),
                 "--socket", sock, "--workers", str(options.pop("workers", 2))]
         options.setdefault("join_window", 0)
         for key, value in options.items():

@@ -1,12 +1,15 @@
 """A training job for the coordinator tests, run as its own process.
 
     python job_main.py '{"root": ..., "socket": ..., "batch_size": 4, "size": 32,
-                         "epochs": 2, "sleep": 0.0, "out": "result.json"}'
+                         "epochs": 2, "sleep": 0.0, "out": "result.json",
+                         "seed": 0, "on_error": "raise", "hold_at": "1 3", "hold": "/path/fifo"}'
 
 Prints "attached" once attached and "batch <epoch> <k>" after each batch
 (flushed, so a test can act at a known point), then writes `out`: per epoch
-the sample ids and a checksum of each batch's pixels, the daemon's status at
-the end, or the error that stopped it and when.
+the sample ids and a checksum of each batch's pixels, the daemon's status and
+`loader.stats()` at the end, or the error that stopped it and when. With
+"hold_at": "E K" it stops after batch K of epoch E until the test writes a
+line into the fifo "hold" (an event, not a sleep).
 """
 
 import json
@@ -21,7 +24,8 @@ def main() -> int:
     result: dict = {"epochs": [], "error": None}
     code = 0
     try:
-        ds = coordl.ImageFolder(args["root"], transform="train", size=args["size"])
+        ds = coordl.ImageFolder(args["root"], transform="train", size=args["size"],
+                                seed=args.get("seed", 0), on_error=args.get("on_error", "raise"))
         loader = coordl.DataLoader(ds, batch_size=args["batch_size"], shuffle=True,
                                    coordinator="unix://" + args["socket"])
         result["start_epoch"] = loader.coordinator.welcome.start_epoch
@@ -34,9 +38,13 @@ def main() -> int:
                 ids += batch.indices.tolist()
                 sums.append(int(images.sum()) + 7 * int(labels.sum()))
                 print(f"batch {loader.epoch} {k}", flush=True)
+                if args.get("hold_at") == f"{loader.epoch} {k}":
+                    with open(args["hold"]) as fifo:  # blocks until the test opens it and writes
+                        fifo.readline()
                 time.sleep(args.get("sleep", 0.0))
             result["epochs"].append({"epoch": loader.epoch, "ids": ids, "sums": sums})
         result["status"] = loader.coordinator.status()
+        result["stats"] = loader.stats()
     except coordl.CoordlError as e:
         result["error"], result["error_type"] = str(e), type(e).__name__
         result["error_at"] = time.time()

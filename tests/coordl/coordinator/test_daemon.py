@@ -56,6 +56,40 @@ def test_three_jobs_share_every_batch_and_decode_once(tiny_root, serve, jobs):
     assert alive(served.workers) == []
 
 
+def test_jobs_launched_together_start_together_and_share_every_batch(tiny_root, serve, jobs):
+    # no --min-jobs: the default join window holds the first batch while the jobs arrive
+    served = serve(tiny_root, epochs=2, join_window=None)
+    running = [jobs(tiny_root, served) for _ in range(4)]  # launched back to back
+    results = [j.result() for j in running]
+    for r in results:
+        assert r["returncode"] == 0 and r["error"] is None, r["error"]
+        assert r["start_epoch"] == 0
+        _whole_epochs(r, 2)
+    assert all(r["epochs"] == results[0]["epochs"] for r in results)  # same ids, same pixels
+    assert max(r["status"]["decodes"] for r in results) == 2 * N  # each batch prepared once
+    assert served.wait() == 0  # every job had its 2 epochs and left
+    assert served.segments_left() == []
+
+
+def test_a_job_attaching_in_epoch_1_gets_all_its_epochs_then_the_daemon_stops(
+        tiny_root, serve, jobs, tmp_path):
+    served = serve(tiny_root, epochs=2, slots=3)
+    hold = str(tmp_path / "hold")
+    os.mkfifo(hold)
+    first = jobs(tiny_root, served, hold_at="1 3", hold=hold)
+    first.wait_for("batch 1 3")  # the first job is inside epoch 1 and waits there
+    late = jobs(tiny_root, served)
+    late.wait_for("attached")
+    with open(hold, "w") as fifo:
+        fifo.write("go\n")
+    a, b = first.result(), late.result()
+    assert a["start_epoch"] == 0 and len(_whole_epochs(a, 2)) == 2
+    assert b["start_epoch"] == 2 and len(_whole_epochs(b, 2)) == 2  # epochs 2 and 3, both whole
+    assert b["status"]["decodes"] == 4 * N  # epochs 0-3, each prepared once
+    assert served.wait() == 0  # then it stops serving
+    assert served.segments_left() == [] and alive(served.workers) == []
+
+
 def test_sigkill_of_one_job_leaves_the_others_running(tiny_root, serve, jobs):
     served = serve(tiny_root, epochs=2, min_jobs=3, slots=3)
     running = [jobs(tiny_root, served, sleep=0.05) for _ in range(3)]
@@ -170,6 +204,9 @@ def test_cache_serves_every_epoch_after_the_first(tiny_root, serve, jobs):
         assert counters["storage_reads"] == N and counters["cache_inserts"] == N  # epoch 0
         assert counters["cache_hits"] == N and counters["decodes"] == 2 * N     # epoch 1: no storage
         assert result["status"]["cache"]["cache_items"] == N
+        stats = result["stats"]  # loader.stats() of the coordinated job
+        assert stats["daemon_cache_hits"] == N and stats["daemon_cache_items"] == N
+        assert stats["daemon_storage_reads"] == N and stats["batches"] == 20
         assert served.wait() == 0 and served.segments_left() == []
     finally:
         fingerprint = served.status_at_start["fingerprint"]

@@ -264,3 +264,50 @@ def test_a_bad_image_fails_its_batch_in_the_jobs_or_is_skipped(tiny_root, serve,
         ids += batch.indices.tolist()
     assert rows == 39 and sorted(ids) == [i for i in range(40) if i != 0]
     assert status(skipping.socket)["counters"]["errors_skipped"] == 1
+    stats = loader.stats()
+    assert stats["daemon_errors_skipped"] == 1 and stats["samples"] == 39 == stats["daemon_samples"]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_local_loader_yields_the_daemons_batches(tiny_root, serve, drop_last):
+    # one plan everywhere: a local coordl.DataLoader (shuffle=True, no generator or sampler)
+    # gives the same batches as a coordinated job, in order, pixels and labels
+    served = serve(tiny_root, seed=5, batch_size=6, drop_last=drop_last or None)
+    coordinated = _loader(tiny_root, served, seed=5, batch_size=6, drop_last=drop_last)
+    locals_ = [coordl.DataLoader(coordl.ImageFolder(tiny_root, transform="train", size=32, seed=5),
+                                 batch_size=6, shuffle=True, drop_last=drop_last, num_workers=w)
+               for w in (0, 2)]
+    for epoch in range(2):
+        got = [(b.indices.tolist(), b[0].clone(), b[1].clone()) for b in coordinated]
+        assert coordinated.epoch == epoch and len(got) == (6 if drop_last else 7)
+        order = [i for ids, _, _ in got for i in ids]
+        for local in locals_:
+            assert local.epoch_indices(epoch)[:len(order)] == order  # drop_last: the tail is cut
+            batches = list(local)
+            assert local.epoch == epoch and len(batches) == len(got)
+            for (_ids, images, labels), (local_images, local_labels) in zip(got, batches):
+                assert torch.equal(images, local_images)  # same items, same augmentation
+                assert torch.equal(labels, local_labels)
+    coordinated.coordinator.close()
+
+
+def test_stats_report_this_job_and_the_daemon_and_set_epoch_cannot_position(tiny_root, serve):
+    served = serve(tiny_root, epochs=1)  # the daemon prepares exactly this job's one epoch
+    loader = _loader(tiny_root, served)
+    loader.set_epoch(0)  # the epoch it runs next anyway: accepted
+    with pytest.raises(coordl.CoordinatorError, match=r"set_epoch\(3\): a coordinated job cannot "
+                       r"be positioned: .* this job's next one is epoch 0"):
+        loader.set_epoch(3)
+    rows = sum(images.shape[0] for images, _ in loader)
+    stats = loader.stats()
+    assert rows == 40
+    assert (stats["batches"], stats["samples"], stats["failed_batches"]) == (10, 40, 0)
+    assert stats["daemon_batches"] == 10 and stats["daemon_samples"] == 40
+    assert stats["daemon_storage_reads"] == 40 and stats["daemon_decodes"] == 40
+    assert stats["daemon_storage_bytes"] == sum(
+        os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tiny_root) for f in fs)
+    assert stats["daemon_errors_skipped"] == 0 and stats["daemon_cache_hits"] == 0
+    assert "daemon_cache_bytes" not in stats  # the daemon runs without --cache
+    with pytest.raises(coordl.CoordinatorError, match="next one is epoch 1"):
+        loader.set_epoch(0)
+    loader.coordinator.close()
