@@ -3,8 +3,8 @@
 Pillow's full decode (`Image.load()`) fails with `broken data stream` when
 corruption puts a marker libjpeg cannot parse inside the image data, and
 ignores libjpeg's warnings otherwise. In the entropy-coded data of a file
-with one scan only stuffed 0xFF 0x00 pairs, RSTn markers and 0xFF fill bytes
-may follow a 0xFF, up to the EOI marker. `check` raises for any other marker
+with one scan only stuffed 0xFF 0x00 pairs, RSTn markers (with a restart
+interval) and 0xFF fill bytes may follow a 0xFF, up to the EOI marker. `check` raises for any other marker
 (a superset of what makes Pillow fail) and for a missing EOI, whatever rows a
 crop needs: the Pillow path of pipelines/cpu.py runs it on every JPEG, so its
 verdict does not depend on where a random crop falls, and rows.py's
@@ -23,26 +23,29 @@ from PIL import Image
 
 from coordl.errors import DecodeError
 
-_SOS, _EOI = 0xDA, 0xD9
+_SOS, _EOI, _DRI = 0xDA, 0xD9, 0xDD
 
 
-def scan_data_start(raw) -> tuple[int, int] | None:
-    """(offset of the first scan's entropy-coded data, components in that scan), or None.
+def scan_data_start(raw) -> tuple[int, int, int] | None:
+    """(offset of the first scan's entropy-coded data, components in that scan, restart interval).
 
-    Walks the marker segments from SOI, so that an SOS inside an APP segment
-    (an EXIF thumbnail) is not taken for the image's.
+    None when the header is broken (libjpeg reports that itself). Walks the
+    marker segments from SOI, so that an SOS inside an APP segment (an EXIF
+    thumbnail) is not taken for the image's.
     """
-    i, n = 2, len(raw)
+    i, n, restart = 2, len(raw), 0
     while i + 4 <= n:
         if raw[i] != 0xFF:
-            return None  # libjpeg reports the broken header itself
+            return None
         code = raw[i + 1]
         if code == 0xFF:  # fill byte before a marker
             i += 1
             continue
         length = (raw[i + 2] << 8) | raw[i + 3]
-        if code == _SOS:
-            return (i + 2 + length, raw[i + 4]) if i + 4 < n else None
+        if code == _DRI and i + 6 <= n:
+            restart = (raw[i + 4] << 8) | raw[i + 5]
+        elif code == _SOS:
+            return (i + 2 + length, raw[i + 4], restart) if i + 4 < n else None
         i += 2 + length
     return None
 
@@ -54,12 +57,15 @@ def check(raw, img: Image.Image) -> None:
     found = scan_data_start(raw)
     if found is None or found[1] != getattr(img, "layers", 0):
         return  # a broken header (libjpeg says so), or a first scan without every component
-    start = found[0]
+    start, _components, restart = found
     data = np.frombuffer(raw, dtype=np.uint8)[start:]
     after = np.flatnonzero(data[:-1] == 0xFF) + 1
     codes = data[after]
-    # markers proper: not a stuffed 0x00, not fill, not RSTn (0xD0..0xD7)
-    marker = after[(codes != 0) & (codes != 0xFF) & ((codes < 0xD0) | (codes > 0xD7))]
+    # markers proper: not a stuffed 0x00, not fill, not RSTn (0xD0..0xD7) where restarts are on
+    proper = (codes != 0) & (codes != 0xFF)
+    if restart:
+        proper &= (codes < 0xD0) | (codes > 0xD7)
+    marker = after[proper]
     if len(marker) == 0:
         raise DecodeError("cannot decode image (JPEG): Premature end of JPEG file: no end-of-image "
                           "marker after the image data (the file is truncated)")
