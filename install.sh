@@ -26,7 +26,7 @@ $PIP install -q --upgrade pip setuptools wheel
 $PIP install -q torch==2.13.0
 # coordl with its extras; Pillow is replaced by pillow-simd just below, so it
 # must come last: anything that depends on "pillow" would reinstall plain Pillow.
-$PIP install -q -e '.[dev,redis,dali]'
+$PIP install -q -e '.[dev,redis,dali,integrations]'
 if ! $VENV/bin/python -c 'import PIL, sys; sys.exit(0 if ".post" in PIL.__version__ else 1)' 2>/dev/null; then
   echo "[install] building pillow-simd (about a minute)"
   $PIP uninstall -q -y pillow pillow-simd >/dev/null 2>&1 || true

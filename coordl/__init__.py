@@ -11,6 +11,7 @@ cache, cleanup and status commands start without importing torch.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 from ._version import __version__
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str):  # PEP 562
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'coordl' has no attribute {name!r}")
@@ -43,6 +44,12 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
+
+if "torch" in sys.modules:
+    # torch is loaded already (a training script): define DataLoader now, so that frameworks
+    # that patch every DataLoader subclass when training starts (Lightning's re-instantiation
+    # of loaders with an injected sampler) see ours; the CLI, which never imports torch, stays fast
+    from .loader import DataLoader  # noqa: E402,F401
 
 if TYPE_CHECKING:
     from .caching import MinIOCache

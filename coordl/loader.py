@@ -192,6 +192,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         world_size: int | None = None,
         backend: str = "cpu",
     ) -> None:
+        _record_for_lightning(self, {k: v for k, v in locals().items() if k not in ("self", "__class__")})
         coordl_ds = is_coordl_dataset(dataset)
         if backend not in _BACKENDS:
             raise ConfigError(f"backend={backend!r} is not known: use 'cpu' (default) or 'dali'")
@@ -392,7 +393,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "shuffle": self.sampler.shuffle if isinstance(self.sampler, PlanSampler)
                 else type(self.sampler).__name__,
-                "rank": self.rank, "world_size": self.world_size}
+                "world_size": self.world_size}  # not the rank: every rank is at the same batch (Lightning
+        # saves rank 0's state and loads it on every rank), and each rank's share follows from its rank
 
     def state_dict(self) -> dict:
         """Where the training loop is: the epoch under way and the batches of it received so far.
@@ -473,3 +475,26 @@ def loader_stats(loader: Any) -> dict[str, int]:
     if getattr(ds, "cache", None) is not None:
         totals.update(ds.cache.stats())
     return totals
+
+
+def _record_for_lightning(loader: DataLoader, arguments: dict) -> None:
+    """Record the user's arguments the way Lightning's init wrapper would.
+
+    Lightning re-instantiates loaders (to inject a DistributedSampler) from the arguments its
+    `_replace_dunder_methods` wrapper saved on the first `__init__` it sees. It wraps the
+    DataLoader subclasses that exist when `fit()` starts; if this class was first imported
+    inside a hook (``import coordl`` before torch, then `coordl.DataLoader` in
+    `train_dataloader`), only torch's own `__init__` is wrapped and would save the arguments
+    coordl passes to torch (its plan sampler). So save the user's arguments first, as the
+    wrapper of this class would have. NOTE: mirrors lightning.fabric.utilities.data
+    `_wrap_init_method` (Lightning 2.6); tests/integrations run it with the real Lightning.
+    """
+    base = torch.utils.data.DataLoader
+    if "__old__init__" not in vars(base) or "__old__init__" in vars(type(loader)) \
+            or hasattr(loader, "__pl_saved_args"):
+        return
+    dataset = arguments.pop("dataset")
+    object.__setattr__(loader, "__pl_saved_args", (dataset,))
+    object.__setattr__(loader, "__pl_saved_kwargs", arguments)
+    object.__setattr__(loader, "__pl_saved_arg_names", ("dataset",))
+    object.__setattr__(loader, "__pl_saved_default_kwargs", {})

@@ -9,7 +9,7 @@ batches:
     {"version": 1, "epoch": 3, "batches": 17,
      "identity": {"dataset": "<fingerprint or type>", "items": 50000, "seed": 0,
                   "batch_size": 256, "drop_last": false, "shuffle": true,
-                  "rank": 1, "world_size": 3},
+                  "world_size": 3},
      "sampler": null | {"seed": 12345} | {"generator_state": "<base64>"}}
 
 For a coordl dataset the rest of the epoch is a pure function of (seed, epoch)
