@@ -29,7 +29,8 @@ coordinator's transport alone: a ring that holds the whole epoch, prepared
 before the job times ``next()`` back to back, with nothing else running.
 
 A tiny run: a small dataset, `--ks 1 --computes 0 --epochs 1 --rounds 1 --samples 2
---transport-rounds 1`. Run it under the bench lock (other benchmarks take it too):
+--transport-rounds 1 --delivery-modes coord-pin,coordl --transport-modes coord`.
+Run it under the bench lock (other benchmarks take it too):
 
     flock /tmp/coordl-bench.lock .venv/bin/python bench/coordinator.py \\
         --data /work/bench-data/coord --out bench/results/coordinator
@@ -51,6 +52,8 @@ import time
 import report
 
 MODES = ("coord", "torch", "coordl")
+# delivery: seconds each step pauses, long enough for the ring (coord) or torch's prefetch queue to fill
+DELIVERY_PAUSE = {"coord": 0.5, "coord-pin": 0.5, "torch": 0.8, "coordl": 0.8}
 COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
 
 
@@ -257,6 +260,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--samples", type=int, default=40, help="delivery: next() calls timed")
     ap.add_argument("--transport-rounds", type=int, default=3, help="transport: epochs timed per mode")
+    ap.add_argument("--delivery-modes", default=",".join(DELIVERY_PAUSE), help="delivery: which loaders")
+    ap.add_argument("--transport-modes", default="coord,coord-pin", help="transport: which coordinator modes")
     ap.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--socket", default="", help=argparse.SUPPRESS)
@@ -285,12 +290,13 @@ def main() -> None:
                     print(f"round {rnd} compute {compute * 1e3:.0f} ms k={k} {mode:>6}: "
                           f"{r['images_per_s']:7.0f} images/s aggregate", flush=True)
     delivery = {}
-    for mode, pause in (("coord", 0.5), ("coord-pin", 0.5), ("torch", 0.8), ("coordl", 0.8)):
+    for mode in a.delivery_modes.split(","):
+        pause = DELIVERY_PAUSE[mode]
         times = run(a, mode, 1, pause, delivery=True)
         delivery[mode] = {"shape": times["shape"], "pause_s": pause, **_percentiles(times["times"])}
         print(f"delivery {mode:>9}: {delivery[mode]['median_us']:.0f} us", flush=True)
     transport = {}
-    for mode in ("coord", "coord-pin"):
+    for mode in a.transport_modes.split(","):
         times = [t for _ in range(a.transport_rounds)
                  for t in run(a, mode, 1, 0.0, delivery=True, transport=True)["times"]]
         transport[mode] = _percentiles(times)
