@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import time
 import warnings
 import weakref
 
@@ -59,6 +60,24 @@ class CoordinatedBatch(list):
         self.index = index      # global batch number at the daemon (plan.py)
 
 
+def _connect(sock: socket.socket, path: str) -> None:
+    """connect(), waiting up to _CONNECT_TIMEOUT while the daemon's listen queue is full: a Unix
+    socket with a timeout fails at once with EAGAIN there instead of waiting."""
+    deadline = time.monotonic() + _CONNECT_TIMEOUT
+    pause = 0.005
+    while True:
+        try:
+            return sock.connect(path)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise CoordinatorError(
+                    f"the coordinator at {path!r} did not accept this connection within "
+                    f"{_CONNECT_TIMEOUT:g} s (its queue of new connections stayed full): "
+                    f"`coordl status --socket {path}` shows what it is doing") from None
+            time.sleep(pause)  # the daemon accepts in its loop; no event tells us when
+            pause = min(pause * 2, 0.1)
+
+
 class _Channel:
     """A blocking connection to the daemon that never waits without checking it lives."""
 
@@ -67,7 +86,10 @@ class _Channel:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         sock.settimeout(_CONNECT_TIMEOUT)
         try:
-            sock.connect(path)
+            _connect(sock, path)
+        except CoordinatorError:
+            sock.close()
+            raise
         except (FileNotFoundError, ConnectionRefusedError):
             sock.close()
             raise CoordinatorError(

@@ -62,6 +62,7 @@ from coordl.errors import CoordinatorError
 from . import protocol as p
 from . import segments
 from .config import ServeConfig, private_dir
+from .hello import mismatch
 from .plan import Plan
 from .ring import Layout, Ring, SlotTable
 from .scheduler import Scheduler
@@ -178,7 +179,7 @@ class Daemon:
             os.umask(old_umask)
         os.chmod(self.socket_path, 0o600)
         self._socket_inode = os.stat(self.socket_path).st_ino
-        listener.listen(64)
+        listener.listen(socket.SOMAXCONN)
         listener.setblocking(False)
         self.listener = listener
         self.sel.register(listener, selectors.EVENT_READ, self._on_accept)
@@ -410,7 +411,7 @@ class Daemon:
             self._close(conn, msg.reason)
 
     def _hello(self, conn: _Conn, msg: p.Hello, now: float) -> None:
-        problem = self._mismatch(msg)
+        problem = mismatch(msg, self.dataset, self.plan)
         if problem is None and conn.job is not None:
             problem = "this connection is already attached as a job"
         if problem is not None:
@@ -425,47 +426,6 @@ class Daemon:
                                    self.plan.batch_size, self.layout.size,
                                    self.plan.batches_per_epoch, self.plan.epochs, self.plan.seed,
                                    job.start_epoch))
-
-    def _mismatch(self, msg: p.Hello) -> str | None:
-        """None when the job would get exactly the batches it asks for; else every difference,
-        each with the daemon's value."""
-        ds, plan = self.dataset, self.plan
-        if msg.version != p.VERSION:
-            return (f"protocol version {msg.version} (job) != {p.VERSION} (daemon): run the same "
-                    "coordl version in the job and the daemon")
-        diffs, serve_with = [], []
-        if msg.fingerprint != ds.fingerprint or msg.items != len(ds):
-            diffs.append(f"dataset fingerprint {msg.fingerprint[:12]} ({msg.items} items in "
-                         f"'{p.printable(msg.root)}', the job's) != {ds.fingerprint[:12]} "
-                         f"({len(ds)} items in '{p.printable(ds.root)}', the daemon's: point the "
-                         "job and the daemon at the same dataset folder; if its files changed "
-                         "since the daemon started, restart the daemon)")
-        for name, job_value, ours, flag in (
-                ("seed", msg.seed, plan.seed, "--seed {}"),
-                ("on_error", msg.on_error, ds.on_error, "--on-error {}"),
-                ("transform", msg.transform, ds.transform, "--transform {}"),
-                ("size", msg.size, ds.size, "--size {}"),
-                ("batch_size", msg.batch_size, plan.batch_size, "--batch-size {}"),
-                ("shuffle", msg.shuffle, plan.shuffle, "--{}shuffle"),
-                ("drop_last", msg.drop_last, plan.drop_last, "--{}")):
-            if job_value == ours:
-                continue
-            if name == "shuffle":
-                job_flag, our_flag = flag.format("" if job_value else "no-"), flag.format("" if ours else "no-")
-            elif name == "drop_last":
-                job_flag, our_flag = (flag.format("drop-last" if v else "keep-last") for v in (job_value, ours))
-            else:
-                job_flag, our_flag = flag.format(job_value), flag.format(ours)
-            diffs.append(f"{name}={job_value!r} (job) != the daemon's {name}={ours!r} ({our_flag})")
-            serve_with.append(job_flag)
-        if not diffs:
-            return None
-        fix = "give the job the daemon's values"
-        if serve_with:
-            fix += f", or serve the job's with another daemon (coordl serve {' '.join(serve_with)})"
-        things = "1 thing that changes" if len(diffs) == 1 else f"{len(diffs)} things that change"
-        return (f"the job differs from the coordinator in {things} a batch: {'; '.join(diffs)}. "
-                f"To attach, {fix}")
 
     def _send(self, conn: _Conn, msg: p.Message) -> None:
         if conn.closing and not isinstance(msg, (p.Refused, p.Detached, p.ShuttingDown)):

@@ -12,7 +12,7 @@ from coordl.coordinator import protocol as p
 
 
 def test_every_message_round_trips():
-    msgs = [p.Hello(1, "ab" * 32, "/data", 10, "train", 224, 64, True, False, 42), p.Begin(), p.Next(),
+    msgs = [p.Hello(2, "ab" * 32, "/data", 10, "train", 224, 5, "skip", 64, True, False, 42), p.Begin(), p.Next(),
             p.Release(7), p.Bye(), p.Status()]
     reader = p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST)
     wire = b"".join(m.encode() for m in msgs)
@@ -24,6 +24,14 @@ def test_every_message_round_trips():
                p.EndOfEpoch(0), p.BatchFailed(3, "bad.jpg"), p.Detached("x"), p.ShuttingDown("y"),
                p.StatusReply({"jobs": [{"job": 1}]}), p.Refused("no"), p.EpochStart(1, 10)]
     assert p.FrameReader(p.TO_JOB, p.MAX_REPLY).feed(b"".join(m.encode() for m in replies)) == replies
+
+
+def test_strings_that_are_not_utf8_are_sent_printable():
+    # os.fsdecode of a path with bytes that are not UTF-8: surrogate escapes
+    msg = p.StatusReply({"data": os.fsdecode(b"/data-\xff"), "jobs": [{"error": "\ud800 x"}]})
+    (out,) = p.FrameReader(p.TO_JOB, p.MAX_REPLY).feed(msg.encode())
+    assert out.status == {"data": "/data-\\xff", "jobs": [{"error": "\\ud800 x"}]}
+    assert p.printable("plain ascii and ünïcode") == "plain ascii and ünïcode"
 
 
 def test_direction_is_enforced():

@@ -1,0 +1,57 @@
+"""Whether a job may attach: every setting that changes a batch must be the daemon's.
+
+Pure: the daemon calls `mismatch` with the job's Hello, its own dataset and its
+plan, and refuses the job with the text it returns. The dataset (fingerprint
+and length), seed, on_error, transform, size, batch size, shuffle and
+drop_last decide every pixel and label of every batch (plan.py), so a job
+that differs in any of them would silently get batches it did not ask for.
+"""
+
+from __future__ import annotations
+
+from . import protocol as p
+from .plan import Plan
+
+_FLAG = {"seed": "--seed {}", "on_error": "--on-error {}", "transform": "--transform {}",
+         "size": "--size {}", "batch_size": "--batch-size {}"}
+
+
+def _flag(name: str, value) -> str:
+    """The `coordl serve` flag that gives `name` the value `value`."""
+    if name == "shuffle":
+        return "--shuffle" if value else "--no-shuffle"
+    if name == "drop_last":
+        return "--drop-last" if value else "--keep-last"
+    return _FLAG[name].format(value)
+
+
+def mismatch(msg: p.Hello, dataset, plan: Plan) -> str | None:
+    """None when the job would get exactly the batches it asks for; else one text naming every
+    difference, each with the daemon's value, and the fix."""
+    if msg.version != p.VERSION:
+        return (f"protocol version {msg.version} (job) != {p.VERSION} (daemon): run the same "
+                "coordl version in the job and the daemon")
+    diffs, serve_with = [], []
+    if msg.fingerprint != dataset.fingerprint or msg.items != len(dataset):
+        diffs.append(f"dataset fingerprint {msg.fingerprint[:12]} ({msg.items} items in "
+                     f"'{p.printable(msg.root)}', the job's) != {dataset.fingerprint[:12]} "
+                     f"({len(dataset)} items in '{p.printable(dataset.root)}', the daemon's: "
+                     "point the job and the daemon at the same dataset folder; if its files "
+                     "changed since the daemon started, restart the daemon)")
+    for name, job_value, ours in (
+            ("seed", msg.seed, plan.seed), ("on_error", msg.on_error, dataset.on_error),
+            ("transform", msg.transform, dataset.transform), ("size", msg.size, dataset.size),
+            ("batch_size", msg.batch_size, plan.batch_size), ("shuffle", msg.shuffle, plan.shuffle),
+            ("drop_last", msg.drop_last, plan.drop_last)):
+        if job_value != ours:
+            diffs.append(f"{name}={job_value!r} (job) != the daemon's {name}={ours!r} "
+                         f"({_flag(name, ours)})")
+            serve_with.append(_flag(name, job_value))
+    if not diffs:
+        return None
+    fix = "give the job the daemon's values"
+    if serve_with:
+        fix += f", or serve the job's with another daemon (coordl serve {' '.join(serve_with)})"
+    things = "1 thing that changes" if len(diffs) == 1 else f"{len(diffs)} things that change"
+    return (f"the job differs from the coordinator in {things} a batch: {'; '.join(diffs)}. "
+            f"To attach, {fix}")
