@@ -45,6 +45,14 @@ class _NoCounters:
 
 
 _NO_COUNTERS = _NoCounters()
+
+
+def _epoch_of(indices: Sequence[int], default: int) -> int:
+    """The epoch the loader tagged a batch (or its first index) with, else the dataset's own."""
+    epoch = getattr(indices, "epoch", None)
+    if epoch is None and len(indices):
+        epoch = getattr(indices[0], "epoch", None)
+    return default if epoch is None else epoch
 _ON_ERROR = ("raise", "skip")
 
 
@@ -239,7 +247,7 @@ class ImageFolder(CoordlDataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """One batch; a `PreparedBatch` for "train"/"val", else a list of samples."""
-        epoch = getattr(indices, "epoch", self.epoch)
+        epoch = _epoch_of(indices, self.epoch)
         if self.transform not in _TRANSFORMS:
             out = []
             for i in indices:

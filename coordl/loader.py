@@ -49,34 +49,11 @@ from .coordinator.client import connect
 from .dataset import CoordlDataset, PreparedBatch
 from .errors import ConfigError
 from .iterators import MultiIter, PooledIter, Position, SingleIter
-from .sampling import PlanSampler, check_rank, plan_sampler
+from .sampling import EpochBatch, EpochIndex, PlanSampler, check_rank, plan_sampler
 from .stats import KEYS, Counters
 
 T_co = TypeVar("T_co", covariant=True)
 _BACKENDS = ("cpu", "dali")
-
-
-class EpochBatch(list):
-    """A batch of dataset indices that carries the epoch it belongs to."""
-
-    def __init__(self, indices, epoch: int) -> None:
-        super().__init__(indices)
-        self.epoch = epoch
-
-    def __reduce__(self):
-        return EpochBatch, (list(self), self.epoch)
-
-
-class EpochIndex(int):
-    """One dataset index (no auto-batching) that carries its epoch."""
-
-    def __new__(cls, index: int, epoch: int) -> EpochIndex:
-        obj = super().__new__(cls, index)
-        obj.epoch = epoch
-        return obj
-
-    def __reduce__(self):
-        return EpochIndex, (int(self), self.epoch)
 
 
 class _IndexStream:

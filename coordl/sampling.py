@@ -61,6 +61,31 @@ def rank_share(order: np.ndarray, rank: int, world_size: int, drop_last: bool = 
     return full[rank:total:world_size]
 
 
+class EpochBatch(list):
+    """A batch of dataset indices that carries the epoch it belongs to."""
+
+    def __init__(self, indices, epoch: int) -> None:
+        super().__init__(indices)
+        self.epoch = epoch
+
+    def __reduce__(self):
+        return EpochBatch, ([int(i) for i in self], self.epoch)
+
+
+class EpochIndex(int):
+    """One dataset index that carries its epoch: what the plan samplers yield, so that a batch
+    sampler of anyone's (Accelerate's BatchSamplerShard) passes the epoch on to persistent
+    workers, which never see the dataset's `set_epoch` in the main process."""
+
+    def __new__(cls, index: int, epoch: int) -> EpochIndex:
+        obj = super().__new__(cls, index)
+        obj.epoch = epoch
+        return obj
+
+    def __reduce__(self):
+        return EpochIndex, (int(self), self.epoch)
+
+
 def check_rank(rank: int, world_size: int) -> None:
     if not (isinstance(world_size, int) and world_size >= 1):
         raise ConfigError(f"world_size={world_size!r} must be an int >= 1 (the number of ranks)")
@@ -91,7 +116,8 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         return rank_share(order, self.rank, self.world_size, self.drop_last)
 
     def __iter__(self):
-        return iter(self.indices().tolist())
+        epoch = self.epoch
+        return (EpochIndex(i, epoch) for i in self.indices().tolist())
 
     def __len__(self) -> int:
         return share_size(self.items, self.world_size, self.drop_last)

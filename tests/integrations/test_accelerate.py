@@ -19,8 +19,10 @@ def test_one_process_keeps_the_cache_and_counters(ids_root, tmp_path, job):
     assert second["storage_bytes"] - first["storage_bytes"] == uncached
     assert third["storage_bytes"] - second["storage_bytes"] == uncached
     assert second["cache_hits"] - first["cache_hits"] == rec["stats"][2]["cache_hits"] - second["cache_hits"] > 0
-    # the prepared loader yields the plan's order, epoch by epoch
+    # the prepared loader yields the plan's order and augmentation, epoch by epoch, also from
+    # persistent workers (the epoch travels with the indices): coordl's own loader's batches
     assert rec["epochs"] == rec["plan"]
+    assert rec["digests"] == rec["reference"] and rec["digests"][0] != rec["digests"][1]
 
 
 def test_two_processes_under_torchrun_shard_once(ids_root, tmp_path, job):

@@ -6,6 +6,7 @@ Each rank writes OUT_DIR/rank<r>.json: the item ids (labels of the one-image-per
 dataset) of every epoch and coordl.loader_stats of the prepared loader after each epoch.
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -21,18 +22,26 @@ def main() -> None:
     acc = Accelerator(cpu=True)
     ds = coordl.ImageFolder(root, transform="train", size=32, seed=3)
     kw = {"cache": ds.manifest.total_bytes // 2} if cached else {}
-    loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, **kw)
+    loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True, **kw)
     prepared = acc.prepare(loader)
     record = {"rank": acc.process_index, "world": acc.num_processes, "type": type(prepared).__name__,
               "is_coordl": isinstance(prepared, coordl.DataLoader), "epochs": [], "stats": [],
               "plan": [loader.epoch_indices(e) for e in range(epochs)]}
+    record["digests"], record["reference"] = [], []
     for _epoch in range(epochs):
-        ids = []
+        ids, digests = [], []
         for images, labels in prepared:
             assert images.shape[1:] == (3, 32, 32), images.shape
             ids.extend(labels.tolist())
+            digests.append(hashlib.sha256(images.contiguous().numpy().tobytes()).hexdigest())
         record["epochs"].append(ids)
+        record["digests"].append(digests)
         record["stats"].append(coordl.loader_stats(prepared))
+    if acc.num_processes == 1:  # coordl's own loader over the same dataset, for the same batches
+        alone = coordl.DataLoader(coordl.ImageFolder(root, transform="train", size=32, seed=3), batch_size=4,
+                                  shuffle=True)
+        record["reference"] = [[hashlib.sha256(x.contiguous().numpy().tobytes()).hexdigest() for x, _ in alone]
+                               for _ in range(epochs)]
     if cached:
         record["cache_bytes"] = loader.dataset.cache.stats()["cache_bytes"]
         record["total_bytes"] = ds.manifest.total_bytes
