@@ -29,7 +29,8 @@ import time
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loader", required=True,
-                   choices=["coordl", "torch", "dali", "coordl-dali", "floor", "floor-parallel"])
+                   choices=["coordl", "torch", "dali", "coordl-dali", "coordl-accelerate", "floor",
+                            "floor-parallel"])
     p.add_argument("--root", required=True)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="worker processes / DALI threads")
@@ -120,6 +121,18 @@ def make_coordl_dali(a):
     return lambda: _torch_epoch(loader), {"files": len(ds)}
 
 
+def make_coordl_accelerate(a):
+    from accelerate import Accelerator
+
+    import coordl
+
+    ds = coordl.ImageFolder(a.root, "train")
+    loader = coordl.DataLoader(ds, batch_size=a.batch_size, shuffle=True, num_workers=a.workers,
+                               persistent_workers=True)
+    prepared = Accelerator(cpu=True).prepare(loader)
+    return lambda: _torch_epoch(prepared), {"files": len(ds)}
+
+
 def make_torch(a):
     import torch
 
@@ -208,7 +221,7 @@ def main() -> None:
         sys.path.insert(0, os.path.abspath(a.pil_path))
     pil = _check_pil(a.expect_pil)
     make = {"coordl": make_coordl, "torch": make_torch, "dali": make_dali,
-            "coordl-dali": make_coordl_dali, "floor": make_floor,
+            "coordl-dali": make_coordl_dali, "coordl-accelerate": make_coordl_accelerate, "floor": make_floor,
             "floor-parallel": make_floor_parallel}[a.loader]
     epoch, facts = make(a)
     print(json.dumps({"ready": True, "pil": pil, **facts}), flush=True)

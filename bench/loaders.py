@@ -12,6 +12,7 @@ Loaders (each in its own process, started once, warm-up epoch first):
   dali-tuned    the same pipeline with DALI's recommended throughput settings
   coordl-dali   coordl.DataLoader(..., backend="dali"): DALI CPU (image_slice -> resize ->
                 crop_mirror_normalize) fed bytes by coordl's reader, num_threads=W
+  coordl-accelerate  the coordl loader after accelerate's Accelerator(cpu=True).prepare()
   floor         full decode (Image.open(path).load()) of every file on ONE core;
                 the decode floor is that rate x the number of cores
   floor-parallel  the same decode by one process per core at once, measured (shows
@@ -50,6 +51,7 @@ LOADERS = {
     "dali": ["--loader", "dali", "--dali-variant", "fused"],
     "dali-tuned": ["--loader", "dali", "--dali-variant", "tuned"],
     "coordl-dali": ["--loader", "coordl-dali", "--expect-pil", "simd"],
+    "coordl-accelerate": ["--loader", "coordl-accelerate", "--expect-pil", "simd"],
     "floor": ["--loader", "floor", "--expect-pil", "simd"],
     "floor-parallel": ["--loader", "floor-parallel", "--expect-pil", "simd"],
 }
