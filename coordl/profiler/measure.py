@@ -1,0 +1,217 @@
+"""The profiler's measurements: each one a timed run that returns numbers, nothing assumed.
+
+- `train_rate`: the train step over any iterable of batches (synthetic ones in
+  memory, or a loader); warm-up steps are excluded from the timing, and on a
+  CUDA device `torch.cuda.synchronize()` closes the warm-up and the run.
+- `loader_rate`: a `coordl.DataLoader` over a given list of items, with or
+  without the train step; worker CPU time from ``RUSAGE_CHILDREN`` (workers
+  are not persistent, so they are reaped when the run ends).
+- `storage_bandwidth`: cold reads of whole files by 1..W threads; the files'
+  pages are dropped before (``posix_fadvise(DONTNEED)``, no root needed) and
+  after each read.
+- `memory_bandwidth`: copies of every item out of the MinIO cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from coordl.cache import storage
+from coordl.errors import ConfigError
+
+
+class TrainStepError(ConfigError):
+    """The train step raised, or returned nothing the profiler can use."""
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One measured run: `samples` in `seconds` (warm-up excluded); CPU seconds of this process
+    over the timed steps, and of its reaped children (loader workers) over the whole run,
+    per sample; `stats` are the loader's counters (empty without a loader)."""
+
+    samples: int
+    seconds: float
+    cpu_self: float
+    cpu_children: float
+    stats: dict
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds
+
+
+def _cpu(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def cuda_sync(device: torch.device) -> Callable[[], None]:
+    """What closes a timed interval: torch.cuda.synchronize on a CUDA device, else nothing."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def check_output(out) -> None:
+    """A train step must return its loss (a tensor or a number) so a step is known to have run."""
+    if isinstance(out, torch.Tensor) and out.numel() > 0:
+        return
+    if isinstance(out, (int, float)) and not isinstance(out, bool):
+        return
+    raise TrainStepError(
+        f"the train step returned {type(out).__name__} ({out!r:.60}), not its loss: make it return "
+        "the loss tensor (e.g. `return loss.detach()`), so the profiler times steps that ran")
+
+
+def _call(train_step: Callable, batch, first: bool):
+    try:
+        out = train_step(batch)
+    except TrainStepError:
+        raise
+    except Exception as e:
+        shape = tuple(batch[0].shape) if isinstance(batch, (list, tuple)) and batch and \
+            isinstance(batch[0], torch.Tensor) else type(batch).__name__
+        raise TrainStepError(
+            f"the train step raised {type(e).__name__}: {e} (on a batch of images {shape}): fix the "
+            "model or train step so it runs on a [uint8 images (B, 3, H, W), int64 labels] batch, "
+            "or pick a built-in one (--model)") from e
+    if first:
+        check_output(out)
+    return out
+
+
+def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, steps: int,
+               batch_size: int, sync: Callable[[], None], desc: str, progress: bool) -> Timed:
+    """Time `steps` batches after `warmup` of them; `train_step` None: only take the batches."""
+    bar = tqdm(total=warmup + steps, desc=desc, leave=False, disable=not progress, unit="step")
+    t0 = c0 = None
+    samples = k = 0
+    try:
+        for k, batch in enumerate(batches):
+            if k == warmup:
+                sync()
+                t0, c0 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+            if train_step is not None:
+                _call(train_step, batch, first=k == 0)
+            if k >= warmup:
+                samples += len(batch[1]) if isinstance(batch, (list, tuple)) and len(batch) > 1 else batch_size
+            bar.update()
+            if k + 1 == warmup + steps:
+                break
+        sync()
+        t1, c1 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+    finally:
+        bar.close()
+    if t0 is None or k + 1 < warmup + steps:
+        raise ConfigError(f"{desc}: only {k + 1} batches came, {warmup + steps} were needed: "
+                          "pass a smaller --steps or --batch-size")
+    return Timed(samples, t1 - t0, (c1 - c0) / samples, 0.0, {})
+
+
+def synthetic_batches(sample_shape: Sequence[int], num_classes: int, batch_size: int,
+                      seed: int = 0) -> list:
+    """Two batches shaped like the loader's (uint8 channels_last images, int64 labels), in memory."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(2):
+        images = torch.randint(0, 256, (batch_size, *sample_shape), dtype=torch.uint8, generator=g)
+        labels = torch.randint(0, max(num_classes, 1), (batch_size,), generator=g)
+        out.append([images.contiguous(memory_format=torch.channels_last), labels])
+    return out
+
+
+def cycle(items: list, n: int) -> Iterable:
+    for k in range(n):
+        yield items[k % len(items)]
+
+
+def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache, train_step,
+                warmup: int, steps: int, sync, desc: str, progress: bool) -> Timed:
+    """A fresh `coordl.DataLoader` over `items` (a copy of `dataset`, so the user's object keeps
+    its state); cache=None reads storage without leaving pages in the page cache."""
+    from coordl.loader import DataLoader
+
+    ds = copy.copy(dataset)
+    kw = {"cache": cache} if cache is not None else {"drop_page_cache": True}
+    children0 = _cpu(resource.RUSAGE_CHILDREN)
+    loader = DataLoader(ds, batch_size=batch_size, sampler=items, num_workers=workers, **kw)
+    it = iter(loader)
+    try:
+        timed = train_rate(it, train_step, warmup, steps, batch_size, sync, desc, progress)
+        for _ in it:  # the rest of `items` (none when len(items) == (warmup + steps) * batch)
+            pass
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        del it
+    total = len(items)
+    children = (_cpu(resource.RUSAGE_CHILDREN) - children0) / total
+    return Timed(timed.samples, timed.seconds, timed.cpu_self, children, loader.stats())
+
+
+def evict(paths: Iterable[str]) -> None:
+    """Drop the files' clean pages from the page cache (no root needed)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, int]:
+    """(bytes/s, bytes) of cold whole-file reads of `paths` by `readers` threads at once."""
+    evict(paths)
+    total = 0
+    lock = threading.Lock()
+
+    def read(p: str) -> None:
+        nonlocal total
+        n = len(storage.read_file(p, drop_page_cache=True))
+        with lock:
+            total += n
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=readers) as pool:
+        list(pool.map(read, paths))
+    return total / (time.perf_counter() - t0), total
+
+
+def fill_cache(cache, n_items: int, order: Iterable[int], read: Callable[[int], bytes]) -> int:
+    """Offer items in `order` until one no longer fits; the number admitted."""
+    admitted = 0
+    for i in order:
+        if not cache.put(i, read(i)):
+            if cache.get(i) is None:
+                break
+        else:
+            admitted += 1
+    return admitted
+
+
+def memory_bandwidth(cache, n_items: int, repeats: int = 3) -> float:
+    """bytes/s of copying every cached item out of the MinIO cache (best of `repeats`)."""
+    best = math.inf
+    total = 0
+    for _ in range(repeats):
+        total = 0
+        t0 = time.perf_counter()
+        for i in range(n_items):
+            view = cache.get(i)
+            if view is not None:
+                total += len(bytes(view))
+        best = min(best, time.perf_counter() - t0)
+    return total / best

@@ -1,0 +1,169 @@
+"""The profiler's model: stall decomposition by difference and the what-if predictions. Pure.
+
+Stall decomposition (DS-Analyzer's differential method). Three measured
+training throughputs at the profiled number of workers, samples/s:
+
+    ingestion  the train step on synthetic batches already in memory
+    prep       the train step fed by the loader with every item in memory (MinIO)
+    fetch      the train step fed by the loader from cold storage (the profiled cache)
+
+Per epoch of N samples, compute = N / ingestion; prep stall = N / prep -
+compute; fetch stall = N / fetch - N / prep (each clamped at 0: a difference
+below the noise is no stall).
+
+What-if model. Each of the w loader workers fetches then preps its items one
+at a time; the training step consumes batches as they come (prefetching
+overlaps the two). Throughput with a fraction x of the items in the cache:
+
+    loader(x, w)  = w / (t_item(w) + (1 - x) * (t_miss(w) - t_hit))
+    t_item(w)     = w / prep_alone(w)        per-worker seconds per item, all cached
+    t_miss(w)     = w * item_bytes / storage_bw(w)   a cold read with w readers sharing storage
+    t_hit         = item_bytes / memory_bw
+    cpu(w)        = cores / (train_cpu + prep_cpu(w))   every CPU second is someone's
+    rate(x, w)    = min(ingestion, loader(x, w), cpu(w))
+
+prep_alone, prep_cpu and storage_bw are measured at 1..W; above W the values
+at W are carried on (per-worker speed and storage bandwidth saturated), so
+more workers than measured only help until cpu(w) binds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# a predicted rate within this fraction of the bound counts as "stall removed"
+TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything the what-if model uses; every value is measured (coordl/profiler/measure.py)."""
+
+    ingestion: float                 # samples/s: train step on in-memory synthetic batches
+    train_cpu: float                 # CPU seconds per sample of the training process, in that run
+    prep_alone: tuple[float, ...]    # samples/s of the loader alone, all items cached, at 1..W workers
+    prep_cpu: tuple[float, ...]      # CPU seconds per sample of the loader (workers + main), at 1..W
+    storage_bw: tuple[float, ...]    # bytes/s of cold reads with 1..W concurrent readers
+    memory_bw: float                 # bytes/s of reads out of the MinIO cache
+    item_bytes: float                # mean encoded bytes per item
+    cores: int                       # CPUs this process may run on
+
+    def __post_init__(self) -> None:
+        n = len(self.prep_alone)
+        if n == 0 or len(self.prep_cpu) != n or len(self.storage_bw) != n:
+            raise ValueError("prep_alone, prep_cpu and storage_bw need one value per worker count 1..W")
+        values = (self.ingestion, self.memory_bw, self.item_bytes, *self.prep_alone, *self.storage_bw)
+        if min(values) <= 0 or self.cores < 1 or min(self.train_cpu, *self.prep_cpu) < 0:
+            raise ValueError(f"rates, bandwidths and sizes must be > 0 and CPU costs >= 0: {self}")
+
+    @property
+    def measured_workers(self) -> int:
+        return len(self.prep_alone)
+
+    def _at(self, values: tuple[float, ...], workers: int) -> float:
+        return values[min(workers, len(values)) - 1]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The three bounds of one prediction, samples/s; `rate` is the smallest."""
+
+    ingestion: float
+    loader: float
+    cpu: float
+
+    @property
+    def rate(self) -> float:
+        return min(self.ingestion, self.loader, self.cpu)
+
+    @property
+    def bound(self) -> str:
+        """'model', 'loader' (prep or fetch) or 'cpu', whichever sets the rate."""
+        return min((self.ingestion, "model"), (self.loader, "loader"), (self.cpu, "cpu"))[1]
+
+
+def limits(inp: Inputs, cache_fraction: float, workers: int) -> Limits:
+    if not 0.0 <= cache_fraction <= 1.0:
+        raise ValueError(f"cache_fraction={cache_fraction} must be in [0, 1]")
+    if workers < 1:
+        raise ValueError(f"workers={workers} must be >= 1")
+    known = min(workers, inp.measured_workers)
+    t_item = known / inp.prep_alone[known - 1]
+    t_miss = workers * inp.item_bytes / inp._at(inp.storage_bw, workers)
+    t_hit = inp.item_bytes / inp.memory_bw
+    loader = workers / (t_item + (1.0 - cache_fraction) * max(t_miss - t_hit, 0.0))
+    cpu_per_sample = inp.train_cpu + inp._at(inp.prep_cpu, workers)
+    cpu = inp.cores / cpu_per_sample if cpu_per_sample > 0 else float("inf")
+    return Limits(inp.ingestion, loader, cpu)
+
+
+def predict(inp: Inputs, cache_fraction: float, workers: int) -> float:
+    """Predicted training throughput, samples/s, with `cache_fraction` of the items cached."""
+    return limits(inp, cache_fraction, workers).rate
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """One epoch split by difference; seconds per epoch and percent of the epoch."""
+
+    epoch_s: float
+    compute_s: float
+    prep_stall_s: float
+    fetch_stall_s: float
+
+    @property
+    def prep_stall_pct(self) -> float:
+        return 100.0 * self.prep_stall_s / self.epoch_s
+
+    @property
+    def fetch_stall_pct(self) -> float:
+        return 100.0 * self.fetch_stall_s / self.epoch_s
+
+    @property
+    def compute_pct(self) -> float:
+        return 100.0 * self.compute_s / self.epoch_s
+
+
+def decompose(n_items: int, ingestion: float, prep: float, fetch: float) -> Stalls:
+    """Epoch of `n_items` from the three measured throughputs (samples/s), see the module doc."""
+    if n_items < 1 or min(ingestion, prep, fetch) <= 0:
+        raise ValueError("n_items and the three rates must be > 0")
+    compute = n_items / ingestion
+    with_prep = max(n_items / prep, compute)
+    with_fetch = max(n_items / fetch, with_prep)
+    return Stalls(with_fetch, compute, with_prep - compute, with_fetch - with_prep)
+
+
+def what_if_cache(inp: Inputs, workers: int, fractions: list[float]) -> list[tuple[float, float]]:
+    """(cache fraction, predicted samples/s) at `workers`."""
+    return [(f, predict(inp, f, workers)) for f in fractions]
+
+
+def what_if_workers(inp: Inputs, cache_fraction: float, workers: list[int]) -> list[tuple[int, float]]:
+    """(workers, predicted samples/s) with `cache_fraction` cached."""
+    return [(w, predict(inp, cache_fraction, w)) for w in workers]
+
+
+def smallest_cache(inp: Inputs, workers: int, step: float = 0.01) -> float:
+    """The smallest cache fraction (on a grid of `step`) whose prediction is within TOLERANCE of
+    a full cache's at `workers`: a bigger cache removes no more fetch stall."""
+    best = predict(inp, 1.0, workers)
+    n = round(1.0 / step)
+    return next(k / n for k in range(n + 1) if predict(inp, k / n, workers) >= (1 - TOLERANCE) * best)
+
+
+def fewest_workers(inp: Inputs, cache_fraction: float, max_workers: int) -> int | None:
+    """The fewest workers whose prediction reaches the ingestion rate (no prep stall left)
+    with `cache_fraction` cached, or None when no count up to `max_workers` does (the CPUs,
+    or storage, bind first)."""
+    for w in range(1, max_workers + 1):
+        if predict(inp, cache_fraction, w) >= (1 - TOLERANCE) * inp.ingestion:
+            return w
+    return None
+
+
+def plateau_workers(inp: Inputs, cache_fraction: float, max_workers: int) -> int:
+    """The fewest workers within TOLERANCE of the best prediction up to `max_workers`."""
+    rates = [predict(inp, cache_fraction, w) for w in range(1, max_workers + 1)]
+    best = max(rates)
+    return next(w for w, r in enumerate(rates, 1) if r >= (1 - TOLERANCE) * best)

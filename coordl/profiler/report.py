@@ -1,0 +1,112 @@
+"""The profile as a text table and as a PNG (matplotlib)."""
+
+from __future__ import annotations
+
+MiB = 2**20
+
+
+def _mib(n: float) -> str:
+    return f"{n / MiB:.1f} MiB"
+
+
+def table(r) -> str:
+    s, m, e, w = r.settings, r.measured, r.epoch, r.what_if
+    prof = m["profiled"]
+    lines = [
+        f"coordl profile: {s['dataset']} ({s['items']} items, {_mib(s['dataset_bytes'])}), "
+        f"batch {s['batch_size']}, {s['workers']} workers, cache {_mib(s['cache_bytes'])} "
+        f"({prof['cache_fraction']:.0%} of the items), device {s['device']}, {s['steps']} timed steps "
+        f"per run ({s['warmup_steps']} warm-up)" + (f", model {s['model']}" if s.get("model") else ""),
+        "",
+        "rates (samples/s, training throughput measured)",
+        f"  ingestion  synthetic batches in memory          {r.rates['ingestion']:9.1f}",
+        f"  prep       every item cached, {s['workers']} workers          {r.rates['prep']:9.1f}",
+        f"  fetch      profiled run ({prof['cache_fraction']:.0%} cached, cold storage) {r.rates['fetch']:9.1f}",
+        "",
+        f"epoch of {s['items']} items      seconds      %",
+        f"  compute              {e['compute_s']:8.2f}  {r.compute_pct:5.1f}",
+        f"  prep stall           {e['prep_stall_s']:8.2f}  {r.prep_stall_pct:5.1f}",
+        f"  fetch stall          {e['fetch_stall_s']:8.2f}  {r.fetch_stall_pct:5.1f}",
+        f"  total                {e['total_s']:8.2f}",
+        "",
+        "measured inputs of the model",
+        "  prep alone (loader only, all cached): "
+        + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m["prep_alone_by_workers"]),
+        "  train, all cached: "
+        + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m["train_cached_by_workers"]),
+        "  storage, cold reads: "
+        + ", ".join(f"{k} readers {b / MiB:.1f} MiB/s" for k, b in enumerate(m["storage_bw_by_readers"], 1)),
+        f"  memory (reads out of the MinIO cache): {m['memory_bw'] / MiB:.0f} MiB/s",
+        f"  CPU per sample: train step {m['inputs']['train_cpu'] * 1e3:.2f} ms, loader "
+        + ", ".join(f"{c * 1e3:.2f} ms ({k}w)" for k, c in enumerate(m["inputs"]["prep_cpu"], 1))
+        + f"; {m['inputs']['cores']} cores",
+        f"  CPU use, profiled run: {m['cpu_cores_busy']:.2f} cores busy; memory: training process "
+        f"max RSS {_mib(m['max_rss_main_bytes'])}, largest worker {_mib(m['max_rss_worker_bytes'])}, "
+        f"cache {_mib(s['cache_bytes'])}",
+        "",
+        f"what if: cache size ({s['workers']} workers)     predicted samples/s   bound",
+    ]
+    for row in w["by_cache"]:
+        lines.append(f"  {row['cache_fraction']:4.0%}  {_mib(row['cache_bytes']):>11}         "
+                     f"{row['predicted']:9.1f}   {row['bound']}")
+    lines.append(f"what if: workers ({m['profiled']['cache_fraction']:.0%} cached)     predicted samples/s   bound")
+    for row in w["by_workers"]:
+        lines.append(f"  {row['workers']:3d}                         {row['predicted']:9.1f}   {row['bound']}")
+    sc, fw = w["smallest_cache"], w["fewest_workers"]
+    lines += [
+        "",
+        f"smallest cache that removes the fetch stall ({sc['workers']} workers): "
+        f"{sc['fetch_stall']:.0%} of the dataset ({_mib(sc['fetch_stall_bytes'])})",
+        "fewest workers that remove the prep stall (all cached): "
+        + (str(fw["prep_stall"]) if fw["prep_stall"] is not None else f"none ({fw['note']}); "
+           f"best rate from {fw['best_at']} workers"),
+        f"model check on the measured runs: profiled {m['predicted_profiled']:.1f} predicted vs "
+        f"{r.rates['fetch']:.1f} measured; all cached {m['predicted_all_cached']:.1f} vs {r.rates['prep']:.1f}",
+    ]
+    if r.validation:
+        lines += ["", "validation           predicted  measured   error"]
+        for v in r.validation:
+            c = v["config"]
+            lines.append(f"  {c['cache_fraction']:4.0%} cached, {c['workers']}w   {v['predicted']:9.1f} "
+                         f"{v['measured']:9.1f}  {v['error_pct']:+6.1f}%")
+    return "\n".join(lines)
+
+
+def plot(r, path: str) -> str:
+    """Both what-if curves, with the measured points on them; returns `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    w, m, s = r.what_if, r.measured, r.settings
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    xs = [row["cache_fraction"] * 100 for row in w["by_cache"]]
+    ax1.plot(xs, [row["predicted"] for row in w["by_cache"]], "-", label="predicted")
+    ax1.plot([m["profiled"]["cache_fraction"] * 100, 100], [r.rates["fetch"], r.rates["prep"]], "o",
+             label="measured")
+    ws = [row["workers"] for row in w["by_workers"]]
+    ax2.plot(ws, [row["predicted"] for row in w["by_workers"]], "-", label="predicted")
+    ax2.plot([p["workers"] for p in m["train_cached_by_workers"]],
+             [p["samples_per_s"] for p in m["train_cached_by_workers"]], "s", label="measured, all cached")
+    ax2.plot([s["workers"]], [r.rates["fetch"]], "o", label="measured, profiled run")
+    for v in r.validation:
+        c = v["config"]
+        if c["workers"] == s["workers"]:
+            ax1.plot([c["cache_fraction"] * 100], [v["measured"]], "x", ms=9, color="k", label="validation")
+        else:
+            ax2.plot([c["workers"]], [v["measured"]], "x", ms=9, color="k", label="validation")
+    for ax in (ax1, ax2):
+        ax.axhline(r.rates["ingestion"], ls=":", color="gray", label="ingestion (model only)")
+        ax.set_ylabel("samples/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    ax1.set_xlabel(f"cache size, % of the dataset ({s['workers']} workers)")
+    ax2.set_xlabel(f"prep workers ({m['profiled']['cache_fraction']:.0%} cached)")
+    ax2.plot(ws, [row["predicted"] for row in w["by_workers"]], "-", color="C0")
+    fig.suptitle(f"coordl profile: {s['dataset']}, batch {s['batch_size']}, device {s['device']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,117 @@
+"""`ProfileResult`: what `coordl.profile` returns; the text table and the PNG are in report.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from . import model
+
+CACHE_FRACTIONS = [k / 10 for k in range(11)]
+
+
+@dataclass
+class ProfileResult:
+    """Measured rates, the stall split of an epoch, what-if predictions and (optionally) their check.
+
+    Attributes:
+        rates: measured training throughput, samples/s: ``ingestion`` (synthetic batches in
+            memory), ``prep`` (every item cached in memory), ``fetch`` (the profiled run, reading
+            storage cold except what its cache holds).
+        fetch_stall_pct, prep_stall_pct, compute_pct: shares of the profiled run's epoch.
+        epoch: seconds per epoch of the dataset: total, compute, prep_stall, fetch_stall.
+        measured: the model's inputs and the other measurements (per worker count, bandwidths, CPU).
+        what_if: predicted samples/s ``by_cache`` (fraction 0-1 of the dataset, at the profiled
+            workers) and ``by_workers`` (at the profiled cache), ``smallest_cache`` and
+            ``fewest_workers`` that remove the fetch and prep stall.
+        validation: ``{config, predicted, measured, error_pct}`` per validated configuration.
+    """
+
+    settings: dict
+    rates: dict
+    fetch_stall_pct: float
+    prep_stall_pct: float
+    compute_pct: float
+    epoch: dict
+    measured: dict
+    what_if: dict
+    validation: list = field(default_factory=list)
+
+    @classmethod
+    def build(cls, settings, inputs: model.Inputs, ingest, alone, cached, profiled, profiled_fraction,
+              validation) -> ProfileResult:
+        W = settings["workers"]
+        n = settings["items"]
+        rates = {"ingestion": ingest.rate, "prep": cached[-1].rate, "fetch": profiled.rate}
+        st = model.decompose(n, rates["ingestion"], rates["prep"], rates["fetch"])
+        max_w = max(2 * W, inputs.cores + 2, 4)
+        fewest = model.fewest_workers(inputs, 1.0, max_w)
+        what_if = {
+            "model": "rate(x, w) = min(ingestion, w / (t_item(w) + (1 - x)(t_miss(w) - t_hit)), "
+                     "cores / (train_cpu + prep_cpu(w))): coordl/profiler/model.py",
+            "by_cache": [{"cache_fraction": f, "cache_bytes": round(f * settings["dataset_bytes"]),
+                          "workers": W, "predicted": r, "bound": model.limits(inputs, f, W).bound}
+                         for f, r in model.what_if_cache(inputs, W, CACHE_FRACTIONS)],
+            "by_workers": [{"workers": w, "cache_fraction": round(profiled_fraction, 4), "predicted": r,
+                            "bound": model.limits(inputs, profiled_fraction, w).bound}
+                           for w, r in model.what_if_workers(inputs, profiled_fraction,
+                                                             list(range(1, max_w + 1)))],
+            "smallest_cache": _smallest_cache(inputs, W, settings["dataset_bytes"]),
+            "fewest_workers": {
+                "prep_stall": fewest,
+                "best_at": model.plateau_workers(inputs, 1.0, max_w),
+                "note": ("workers that bring the all-cached rate to the ingestion rate"
+                         if fewest is not None else
+                         f"no worker count up to {max_w} reaches the ingestion rate: "
+                         f"{model.limits(inputs, 1.0, max_w).bound} bound"),
+            },
+        }
+        measured = {
+            "ingestion": _timed(ingest),
+            "prep_alone_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(alone, 1)],
+            "train_cached_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(cached, 1)],
+            "profiled": {"cache_fraction": round(profiled_fraction, 4), "workers": W, **_timed(profiled)},
+            "storage_bw_by_readers": list(inputs.storage_bw),
+            "memory_bw": inputs.memory_bw,
+            "inputs": asdict(inputs),
+            "predicted_profiled": model.predict(inputs, profiled_fraction, W),
+            "predicted_all_cached": model.predict(inputs, 1.0, W),
+        }
+        for v in validation:
+            v["error_pct"] = 100.0 * (v["predicted"] - v["measured"]) / v["measured"]
+        return cls(settings, rates, st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct,
+                   {"total_s": st.epoch_s, "compute_s": st.compute_s, "prep_stall_s": st.prep_stall_s,
+                    "fetch_stall_s": st.fetch_stall_s}, measured, what_if, validation)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def table(self) -> str:
+        from .report import table
+
+        return table(self)
+
+    def plot(self, path: str) -> str:
+        """Write the what-if curves and the measured points as a PNG at `path` (matplotlib)."""
+        from .report import plot
+
+        return plot(self, path)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _timed(t) -> dict:
+    return {"samples_per_s": t.rate, "samples": t.samples, "seconds": t.seconds,
+            "cpu_s_per_sample_main": t.cpu_self, "cpu_s_per_sample_workers": t.cpu_children,
+            **({"storage_reads": t.stats.get("storage_reads", 0), "cache_hits": t.stats.get("cache_hits", 0)}
+               if t.stats else {})}
+
+
+def _smallest_cache(inputs: model.Inputs, workers: int, dataset_bytes: int) -> dict:
+    f = model.smallest_cache(inputs, workers)
+    return {"fetch_stall": f, "fetch_stall_bytes": round(f * dataset_bytes), "workers": workers,
+            "note": "smallest cache (fraction of the dataset) within 2% of a full cache's rate"}

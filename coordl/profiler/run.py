@@ -1,0 +1,191 @@
+"""`coordl.profile`: runs the measurements (measure.py), feeds the model (model.py), returns a
+`ProfileResult` (result.py).
+
+NOTE [temporary state and its cleanup]
+- MinIO segments: the profiler makes its own, private ones (``coordl-cache-profile-<pid>-...``,
+  never the node-wide cache of the dataset, which it must not fill or drop), and drops each in
+  a ``finally``: on success, on an error and on Ctrl-C (KeyboardInterrupt) alike. SIGTERM is
+  turned into SystemExit by the CLI, so it takes the same path. SIGKILL leaves them for
+  ``coordl cleanup`` (their creator is dead).
+- Loader workers: each run's iterator is shut down in a ``finally`` (measure.loader_rate).
+- The page cache: the dataset's files are evicted before every cold run and read with
+  ``posix_fadvise(DONTNEED)``, so the profile leaves them as uncached as it found them or more.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+from collections.abc import Callable
+from contextlib import ExitStack
+
+import torch
+
+from coordl.cache import storage
+from coordl.errors import ConfigError
+
+from . import measure, model
+from .result import ProfileResult
+
+WARMUP = 2
+STORAGE_SAMPLE_BYTES = 24 * 2**20   # bytes read per storage-bandwidth measurement
+
+
+def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) -> torch.device:
+    for name, v, lo in (("batch_size", batch_size, 1), ("num_workers", num_workers, 1), ("steps", steps, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"{name}={v!r} must be an int >= {lo}")
+    if not all(hasattr(dataset, a) for a in ("fetch", "prep", "manifest", "fingerprint")):
+        raise ConfigError(f"coordl.profile needs a coordl.ImageFolder (fetch/prep and a manifest of files), "
+                          f"not {type(dataset).__name__}: build it with coordl.ImageFolder(root)")
+    need = (WARMUP + steps) * batch_size
+    if need > len(dataset):
+        fit = len(dataset) // batch_size - WARMUP
+        raise ConfigError(
+            f"the dataset at {getattr(dataset, 'root', '?')} has {len(dataset)} items; steps={steps} "
+            f"with batch_size={batch_size} (and {WARMUP} warm-up steps) needs {need}: pass "
+            + (f"steps <= {fit} (--steps)" if fit >= 1 else "a smaller batch size (--batch-size)")
+            + " or a bigger dataset")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device={device!r} is not a torch device ({e}): pass 'cpu' or 'cuda'") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r}: no CUDA GPU is visible here (torch.cuda.is_available() is "
+                          f"False, torch {torch.__version__}): pass device='cpu' (--device cpu), or run on a "
+                          "machine with a GPU and a CUDA build of torch")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device={device!r}: the profiler knows 'cpu' and 'cuda'")
+    return dev
+
+
+class _Session:
+    """One profile's measurements, with every temporary cache it makes registered for dropping."""
+
+    def __init__(self, dataset, batch_size, steps, device, progress, seed, stack: ExitStack):
+        self.ds, self.batch_size, self.steps, self.progress = dataset, batch_size, steps, progress
+        self.sync = measure.cuda_sync(device)
+        self.rng = random.Random(seed)
+        self.stack = stack
+        m = dataset.manifest
+        self.paths = [m.path(i) for i in range(len(dataset))]
+        self.sizes = [int(s) for s in m.sizes]
+        self.total_bytes = int(sum(self.sizes))
+        self.need = (WARMUP + steps) * batch_size
+
+    def items(self) -> list[int]:
+        return self.rng.sample(range(len(self.ds)), self.need)
+
+    def cache(self, tag: str, capacity: int):
+        from coordl.caching import MinIOCache
+
+        c = MinIOCache(max(capacity, 1), name=f"profile-{os.getpid()}-{tag}")
+        self.stack.callback(c.drop)
+        c.open(self.ds.fingerprint, len(self.ds), label=f"coordl profile {self.ds.root}")
+        return c
+
+    def run(self, workers: int, cache, train_step, desc: str) -> measure.Timed:
+        if cache is None:
+            measure.evict(self.paths)
+        return measure.loader_rate(self.ds, self.items(), self.batch_size, workers, cache, train_step,
+                                   WARMUP, self.steps, self.sync, desc, self.progress)
+
+    def partial_cache(self, tag: str, fraction: float, full) -> tuple[object | None, float]:
+        """A cache holding `fraction` of the dataset's bytes (random items), filled from `full`;
+        (None, 0.0) for fraction 0. Returns the cache and the fraction of items it holds."""
+        if fraction <= 0:
+            return None, 0.0
+        c = self.cache(tag, int(fraction * self.total_bytes))
+        order = self.rng.sample(range(len(self.ds)), len(self.ds))
+        n = measure.fill_cache(c, len(self.ds), order, lambda i: full.get(i))
+        return c, n / len(self.ds)
+
+
+def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: int = 2, *,
+            steps: int = 10, cache_bytes: int = 0, device: str = "cpu", validate: bool = False,
+            progress: bool = True, seed: int = 0, settings: dict | None = None) -> ProfileResult:
+    """Profile `train_step` fed from `dataset`: rates, stall shares and what-if predictions.
+
+    Args:
+        train_step: called with one batch ``[images, labels]``; runs a training step and returns
+            its loss (a tensor or number).
+        dataset: a `coordl.ImageFolder`.
+        batch_size, num_workers: of the loader being profiled (prep is also measured at
+            1..num_workers workers).
+        steps: timed steps per measurement (after 2 warm-up steps); each measurement uses
+            ``(steps + 2) * batch_size`` distinct items.
+        cache_bytes: MinIO cache size of the profiled run (0: none, every item from storage).
+        device: ``"cpu"`` or ``"cuda"``: where `train_step` runs (synchronized at the timing
+            boundaries when it is a CUDA device).
+        validate: also measure two configurations the model predicts (another cache size,
+            another worker count) and report predicted against measured.
+        progress: tqdm bars on stderr.
+    """
+    dev = _check(dataset, batch_size, num_workers, steps, device)
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise ConfigError(f"cache_bytes={cache_bytes!r} must be an int >= 0 (0: no cache)")
+    with ExitStack() as stack:
+        s = _Session(dataset, batch_size, steps, dev, progress, seed, stack)
+        return _profile(s, train_step, num_workers, cache_bytes, dev, validate, settings or {})
+
+
+def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: bool,
+             settings: dict) -> ProfileResult:
+    sample, _label = s.ds[0]
+    synth = measure.synthetic_batches(tuple(sample.shape), len(getattr(s.ds, "classes", [])) or 10,
+                                      s.batch_size)
+    ingest = measure.train_rate(measure.cycle(synth, WARMUP + s.steps), train_step, WARMUP, s.steps,
+                                s.batch_size, s.sync, "ingestion (synthetic batches)", s.progress)
+    sample_paths = _storage_sample(s)
+    storage_bw = [measure.storage_bandwidth(sample_paths, w)[0] for w in range(1, W + 1)]
+
+    full = s.cache("all", s.total_bytes)
+    measure.evict(s.paths)
+    measure.fill_cache(full, len(s.ds), range(len(s.ds)),
+                       lambda i: storage.read_file(s.paths[i], drop_page_cache=True))
+    memory_bw = measure.memory_bandwidth(full, len(s.ds))
+    alone, cached = [], []
+    for w in range(1, W + 1):
+        alone.append(s.run(w, full, None, f"prep alone, all cached, {w} workers"))
+        cached.append(s.run(w, full, train_step, f"train, all cached, {w} workers"))
+    for t in alone + cached:
+        if t.stats.get("storage_reads", 0):
+            raise RuntimeError(f"the all-cached run read {t.stats['storage_reads']} items from storage")
+    inputs = model.Inputs(
+        ingestion=ingest.rate, train_cpu=ingest.cpu_self,
+        prep_alone=tuple(t.rate for t in alone),
+        prep_cpu=tuple(t.cpu_self + t.cpu_children for t in alone),
+        storage_bw=tuple(storage_bw), memory_bw=memory_bw,
+        item_bytes=s.total_bytes / len(s.ds), cores=len(os.sched_getaffinity(0)))
+
+    fraction = min(cache_bytes / s.total_bytes, 1.0)
+    profiled_cache, x0 = s.partial_cache("profiled", fraction, full)
+    profiled = s.run(W, profiled_cache, train_step, f"train, profiled ({x0:.0%} cached), {W} workers")
+
+    validation = []
+    if validate:
+        x1 = 0.5 if abs(x0 - 0.5) > 0.2 else 0.0
+        w1 = W - 1 if W > 1 else W + 1
+        vcache, x1 = s.partial_cache("validate", x1, full)
+        for x, w, c in ((x1, W, vcache), (x0, w1, profiled_cache)):
+            t = s.run(w, c, train_step, f"validate: {x:.0%} cached, {w} workers")
+            validation.append({"config": {"cache_fraction": round(x, 4), "workers": w},
+                               "predicted": model.predict(inputs, x, w), "measured": t.rate})
+    result = ProfileResult.build(
+        settings={**settings, "batch_size": s.batch_size, "workers": W, "steps": s.steps,
+                  "warmup_steps": WARMUP, "cache_bytes": cache_bytes, "device": str(dev),
+                  "dataset": str(s.ds.root), "items": len(s.ds), "dataset_bytes": s.total_bytes},
+        inputs=inputs, ingest=ingest, alone=alone, cached=cached, profiled=profiled,
+        profiled_fraction=x0, validation=validation)
+    result.measured.update(
+        cpu_cores_busy=(profiled.cpu_self + profiled.cpu_children) * profiled.rate,
+        max_rss_main_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        max_rss_worker_bytes=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+    return result
+
+
+def _storage_sample(s: _Session) -> list[str]:
+    """Enough randomly chosen files for a storage measurement of ~STORAGE_SAMPLE_BYTES."""
+    n = max(16, min(len(s.paths), round(STORAGE_SAMPLE_BYTES / (s.total_bytes / len(s.paths)))))
+    return [s.paths[i] for i in s.rng.sample(range(len(s.paths)), min(n, len(s.paths)))]

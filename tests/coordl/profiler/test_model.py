@@ -1,0 +1,133 @@
+"""coordl/profiler/model.py on synthetic rates: the stall split and the what-if model's limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordl.profiler import model
+
+MB = 10**6
+
+
+def inputs(**kw) -> model.Inputs:
+    base = dict(ingestion=1000.0, train_cpu=0.0, prep_alone=(400.0, 800.0), prep_cpu=(0.0, 0.0),
+                storage_bw=(1000 * MB, 1000 * MB), memory_bw=10_000 * MB, item_bytes=100_000.0, cores=64)
+    base.update(kw)
+    return model.Inputs(**base)
+
+
+# -- decomposition -------------------------------------------------------------------------
+
+def test_model_bound_has_no_stall():
+    st = model.decompose(1000, ingestion=100.0, prep=100.0, fetch=100.0)
+    assert (st.epoch_s, st.compute_s, st.prep_stall_s, st.fetch_stall_s) == (10.0, 10.0, 0.0, 0.0)
+    assert (st.compute_pct, st.prep_stall_pct, st.fetch_stall_pct) == (100.0, 0.0, 0.0)
+
+
+def test_prep_bound_split():
+    st = model.decompose(1000, ingestion=1000.0, prep=250.0, fetch=250.0)
+    assert (st.compute_s, st.prep_stall_s, st.fetch_stall_s) == (1.0, 3.0, 0.0)
+    assert st.prep_stall_pct == 75.0
+
+
+def test_fetch_bound_split():
+    st = model.decompose(1000, ingestion=1000.0, prep=500.0, fetch=100.0)
+    assert (st.epoch_s, st.compute_s, st.prep_stall_s, st.fetch_stall_s) == (10.0, 1.0, 1.0, 8.0)
+    assert (st.compute_pct, st.prep_stall_pct, st.fetch_stall_pct) == (10.0, 10.0, 80.0)
+
+
+def test_noise_above_the_ingestion_rate_is_no_stall():
+    # a cached or cold run measured a little faster than the synthetic one: no negative stall
+    st = model.decompose(100, ingestion=100.0, prep=105.0, fetch=102.0)
+    assert (st.prep_stall_s, st.fetch_stall_s) == (0.0, 0.0)
+
+
+def test_decompose_rejects_zero_rates():
+    with pytest.raises(ValueError):
+        model.decompose(100, 0.0, 1.0, 1.0)
+
+
+# -- what-if model -------------------------------------------------------------------------
+
+def test_model_bound_prediction_is_the_ingestion_rate_everywhere():
+    inp = inputs(ingestion=50.0)
+    for x in (0.0, 0.5, 1.0):
+        for w in (1, 2, 8):
+            lim = model.limits(inp, x, w)
+            assert lim.rate == 50.0 and lim.bound == "model"
+
+
+def test_prep_bound_prediction_is_the_loader_alone_rate():
+    # storage and memory effectively free: the loader delivers its all-cached rate at any cache size
+    inp = inputs(storage_bw=(10**15, 10**15), memory_bw=10**15)
+    assert model.predict(inp, 1.0, 1) == pytest.approx(400.0)
+    assert model.predict(inp, 0.0, 2) == pytest.approx(800.0, rel=1e-6)
+    assert model.limits(inp, 0.0, 2).bound == "loader"
+
+
+def test_fetch_bound_prediction_follows_storage_bandwidth_and_cache():
+    # 100 kB items, 10 MB/s storage: a cold read costs 10 ms per item per reader, prep 1.25 ms
+    inp = inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), storage_bw=(10 * MB, 10 * MB),
+                 memory_bw=10**15)
+    t_item, t_miss = 2 / 20_000.0, 2 * 100_000 / (10 * MB)
+    for x in (0.0, 0.25, 0.5, 0.9):
+        assert model.predict(inp, x, 2) == pytest.approx(2 / (t_item + (1 - x) * t_miss))
+    # nearly all of it is storage: about bandwidth / ((1 - x) * item_bytes)
+    assert model.predict(inp, 0.0, 2) == pytest.approx(100.0, rel=0.01)
+    assert model.predict(inp, 0.5, 2) == pytest.approx(200.0, rel=0.01)
+    assert model.predict(inp, 1.0, 2) == pytest.approx(10_000.0)  # all cached: model-bound again
+    assert model.limits(inp, 1.0, 2).bound == "model"
+
+
+def test_cpu_bound_when_step_and_prep_share_few_cores():
+    # 2 cores, 1 ms of train CPU + 3 ms of loader CPU per sample: at most 500 samples/s
+    inp = inputs(cores=2, train_cpu=0.001, prep_cpu=(0.003, 0.003), prep_alone=(400.0, 800.0))
+    lim = model.limits(inp, 1.0, 2)
+    assert lim.cpu == pytest.approx(500.0) and lim.rate == pytest.approx(500.0) and lim.bound == "cpu"
+    assert model.predict(inp, 1.0, 1) == pytest.approx(400.0)
+
+
+def test_more_workers_than_measured_carry_the_last_values():
+    inp = inputs(storage_bw=(10**15, 10**15), memory_bw=10**15, cores=3, train_cpu=0.0,
+                 prep_cpu=(0.0025, 0.0025))
+    # per-worker speed of 2 workers (400/s each) carried on, until 3 cores / 2.5 ms = 1200/s binds
+    assert model.predict(inp, 1.0, 3) == pytest.approx(1000.0, rel=1e-6)  # ingestion
+    inp = inputs(ingestion=5000.0, storage_bw=(10**15, 10**15), memory_bw=10**15, cores=3,
+                 prep_cpu=(0.0025, 0.0025))
+    assert model.predict(inp, 1.0, 3) == pytest.approx(1200.0)
+    assert model.predict(inp, 1.0, 4) == pytest.approx(1200.0)
+
+
+def test_smallest_cache_and_fewest_workers():
+    inp = inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), storage_bw=(10 * MB, 10 * MB),
+                 memory_bw=10**15)
+    # the fetch stall only goes with (nearly) everything cached: within 2% of a full cache
+    assert model.smallest_cache(inp, 2) == 1.0
+    assert model.predict(inp, 0.99, 2) < 0.98 * model.predict(inp, 1.0, 2)
+    # prep-bound: 400 per worker, ingestion 1000 -> 3 workers (carried per-worker speed 400/s)
+    inp = inputs(storage_bw=(10**15, 10**15), memory_bw=10**15)
+    assert model.fewest_workers(inp, 1.0, 8) == 3
+    # CPU-bound before the ingestion rate: no worker count removes the prep stall
+    inp = inputs(cores=1, prep_cpu=(0.002, 0.002), storage_bw=(10**15, 10**15), memory_bw=10**15)
+    assert model.fewest_workers(inp, 1.0, 8) is None
+    assert model.plateau_workers(inp, 1.0, 8) == 2  # 500/s (cores) from 2 workers on
+
+
+def test_model_bound_needs_no_cache():
+    inp = inputs(ingestion=10.0)
+    assert model.smallest_cache(inp, 2) == 0.0
+    assert model.fewest_workers(inp, 0.0, 4) == 1
+
+
+@pytest.mark.parametrize("bad", [dict(ingestion=0.0), dict(prep_alone=(1.0,)), dict(cores=0),
+                                 dict(storage_bw=(0.0, 1.0)), dict(train_cpu=-1.0)])
+def test_inputs_are_checked(bad):
+    with pytest.raises(ValueError):
+        inputs(**bad)
+
+
+def test_limits_checks_its_arguments():
+    with pytest.raises(ValueError):
+        model.limits(inputs(), 1.5, 2)
+    with pytest.raises(ValueError):
+        model.limits(inputs(), 0.5, 0)
