@@ -21,11 +21,12 @@ NOTE (lifecycle of every process and segment):
   closes their sockets, removes its socket file, closes the workers' sockets
   and reaps them (SIGKILL after 5 s), then unlinks the ring. With --epochs it
   also stops by itself once a group of jobs has started and every job has
-  left (each had its --epochs, or went away). SIGKILL: the kernel closes every socket, so jobs see EOF at their
-  next read and raise CoordinatorError; workers die by PR_SET_PDEATHSIG (or
-  at EOF); the ring segment and the socket file stay behind until
-  `coordl cleanup` (cleanup.py) removes them, which it does only once the
-  daemon (pid + start time in the name) is gone.
+  left (each had its --epochs, or went away). SIGKILL: the kernel closes
+  every socket, so jobs see EOF at their next read and raise
+  CoordinatorError; workers die by PR_SET_PDEATHSIG (or at EOF); the ring
+  segment and the socket file stay behind until `coordl cleanup`
+  (cleanup.py) removes them, which it does only once the daemon (pid +
+  start time in the name) is gone.
 - prep workers: see workers.py.
 - ring segment ``coordl-serve-<pid>-<start>-<fingerprint12>-ring`` in
   /dev/shm (ring.py, segments.py): created by the daemon, mode 0600, before
