@@ -1,0 +1,116 @@
+"""`coordl profile` as a user runs it: a real process, its JSON and PNG, its errors, and Ctrl-C
+(a real SIGINT) in the middle of a measurement leaving nothing in /dev/shm."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
+
+STEP_MODULE = '''
+import os, time, torch
+
+def step(batch):
+    return batch[0].float().mean()
+
+def none_step(batch):
+    return None
+
+def stall_in_cached_run(batch):
+    """Runs normally until the profiler's all-items cache exists, then says so and waits."""
+    name = "/dev/shm/coordl-cache-profile-%d-all" % os.getpid()
+    if os.path.exists(name):
+        with open(os.environ["MARK"], "w") as f:
+            f.write(name)
+        while True:
+            time.sleep(0.05)
+    return batch[0].float().mean()
+'''
+
+
+@pytest.fixture
+def steps_dir(tmp_path):
+    (tmp_path / "mysteps.py").write_text(STEP_MODULE)
+    return tmp_path
+
+
+def run(args, cwd, env=None):
+    return subprocess.run([COORDL, "profile", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=240, env=env)
+
+
+def test_cli_writes_table_json_and_png(tiny_root, steps_dir):
+    out, png = steps_dir / "p.json", steps_dir / "p.png"
+    p = run(["--data", tiny_root, "--train-step", "mysteps:step", "--batch-size", "4", "--workers", "1",
+             "--steps", "2", "--validate", "--json", str(out), "--plot", str(png)], steps_dir)
+    assert p.returncode == 0, p.stderr
+    assert "fetch stall" in p.stdout and "what if: cache size" in p.stdout
+    d = json.loads(out.read_text())
+    assert set(d["rates"]) == {"ingestion", "prep", "fetch"}
+    assert {"fetch_stall_pct", "prep_stall_pct", "what_if", "validation"} <= set(d)
+    assert [set(v) for v in d["validation"]] == [{"config", "predicted", "measured", "error_pct"}] * 2
+    assert d["settings"]["model"] == "mysteps:step"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_builtin_model_runs(tiny_root, tmp_path):
+    p = run(["--data", tiny_root, "--model", "small-cnn", "--batch-size", "4", "--workers", "1",
+             "--steps", "1"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "model small-cnn" in p.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "vgg"], "model='vgg' is not a built-in model: use one of small-cnn, resnet18"),
+    (["--train-step", "mysteps:none_step"], "returned NoneType"),
+    (["--train-step", "mysteps:nothere"], "mysteps has no function 'nothere'"),
+    (["--train-step", "nomodule:f"], "cannot import module 'nomodule'"),
+    (["--steps", "50"], "pass steps <= 8 (--steps)"),
+    (["--cache-bytes", "lots"], "--cache-bytes='lots' is not a size"),
+])
+def test_cli_bad_input_says_what_to_change(tiny_root, steps_dir, args, message):
+    p = run(["--data", tiny_root, "--batch-size", "4", "--workers", "1", "--steps", "1", *args], steps_dir)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert message in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_cli_cuda_without_gpu(tiny_root, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    p = run(["--data", tiny_root, "--device", "cuda", "--batch-size", "4", "--steps", "1"], tmp_path)
+    assert p.returncode == 2 and "no CUDA GPU is visible" in p.stderr and "--device cpu" in p.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_removes_the_temporary_caches(tiny_root, steps_dir, sig):
+    mark = steps_dir / "mark"
+    env = {**os.environ, "MARK": str(mark)}
+    proc = subprocess.Popen([COORDL, "profile", "--data", tiny_root, "--train-step", "mysteps:stall_in_cached_run",
+                             "--batch-size", "4", "--workers", "2", "--steps", "2"], cwd=steps_dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not mark.exists():  # the step writes it once the cache segment exists
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the profile never reached its cached run"
+            time.sleep(0.05)
+        segment = mark.read_text()
+        assert os.path.exists(segment)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == (130 if sig == signal.SIGINT else 128 + sig), err
+    assert not os.path.exists(segment)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"coordl-cache-profile-{proc.pid}-")]
