@@ -30,6 +30,23 @@ NOTE [lifecycle of a cache segment]
 - After SIGKILL of any process: its locks are released by the kernel, its pid
   slot is recognised as dead (pid plus start time) and reused; the segment
   stays until dropped or cleaned up.
+- Superseded: a segment whose dataset (same label, the root folder) has a
+  newer segment in the folder is stale (`coordl cache ls` says so);
+  `coordl cleanup` removes it once nothing is attached.
+
+NOTE [checksums]
+Every entry carries the xxh3-64 of its bytes (`cache.checksum`), stored by
+`put` and verified by every `get` (see `cache.layout` for why this also makes
+the lock-free read correct on weakly ordered CPUs). An entry that still does
+not match under the writers' lock (bad memory, a stray write into the
+mapping) is marked CORRUPT and counted in the header, so the count is
+node-wide and each bad entry counts once (`stats()["cache_corrupt"]`, which
+`coordl.DataLoader.stats()` reports). `get` returns None for it: the loader
+reads the item from storage, and the `put` that follows is refused, so the
+item stays a miss served from storage for the segment's lifetime rather
+than being re-admitted into memory that just proved untrustworthy (and
+without an entry that changes under a lock-free reader). Drop the cache to
+start afresh.
 """
 
 from __future__ import annotations
@@ -42,7 +59,8 @@ from collections.abc import Iterator
 from coordl.errors import CacheError, ConfigError
 
 from . import shm
-from .layout import Segment, file_size
+from .checksum import digest
+from .layout import CORRUPT, Segment, file_size
 
 _OPEN_TRIES = 5
 
@@ -61,7 +79,7 @@ class MinIOCache:
     segment exists already, `open` attaches to it and its capacity wins.
     """
 
-    def __init__(self, capacity: int, *, directory: str = shm.DEFAULT_DIR, name: str | None = None) -> None:
+    def __init__(self, capacity: int, *, directory: str = shm.SHM_DIR, name: str | None = None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise ConfigError(f"capacity={capacity!r} must be a positive number of bytes, e.g. 8 * 2**30")
         self.capacity, self.directory, self._name = capacity, os.fspath(directory), name
@@ -127,7 +145,10 @@ class MinIOCache:
 
     def _create(self) -> Segment | None:
         size = file_size(self._n, self.capacity)
-        fd, tmp = shm.create_tmp(self.directory, self.name, size, self.capacity)
+        fd, tmp = shm.create_tmp(
+            self.directory, self.name, size,
+            f"cache capacity {shm.fmt_bytes(self.capacity)} (segment {shm.fmt_bytes(size)} with its index)",
+            f"pass a smaller cache (e.g. cache='{self._fitting_mib(size)}MiB')")
         try:
             seg = Segment.create(fd, tmp, self.capacity, self._n, self.fingerprint, self._label)
         except BaseException:
@@ -145,6 +166,13 @@ class MinIOCache:
             return None  # another process published first: attach to it
         seg.path = self.path
         return seg
+
+    def _fitting_mib(self, size: int) -> int:
+        """The capacity that would fit the folder now, in MiB (the hint in the out-of-space message)."""
+        try:
+            return max(shm.free_bytes(self.directory) - (size - self.capacity), 0) // 2**20
+        except OSError:
+            return 0
 
     def _register(self) -> None:
         with self._writer() as seg:
@@ -175,11 +203,27 @@ class MinIOCache:
         seg = self._segment()
         if not 0 <= i < self._n:
             raise IndexError(f"item {i} is out of range for a cache of {self._n} items")
-        n = int(seg.lengths[i])  # length first: non-zero means offset and bytes are complete
-        if n == 0:
+        n = int(seg.lengths[i])  # length first, then offset and checksum (cache.layout NOTE)
+        if n <= 0:
             return None
-        off = int(seg.offsets[i])
-        return seg.arena[off:off + n]
+        off, want = int(seg.offsets[i]), int(seg.checksums[i])
+        view = seg.arena[off:off + n]
+        return view if digest(view) == want else self._verify_locked(i)
+
+    def _verify_locked(self, i: int) -> memoryview | None:
+        """The hash did not match: read the entry again under the writers' lock (which also orders
+        memory on CPUs that reorder stores); serve it if it matches now, else mark it CORRUPT."""
+        with self._writer() as seg:
+            n = int(seg.lengths[i])
+            if n <= 0:
+                return None  # marked by another process meanwhile: counted once, by it
+            off = int(seg.offsets[i])
+            view = seg.arena[off:off + n]
+            if digest(view) == int(seg.checksums[i]):
+                return view
+            seg.lengths[i] = CORRUPT
+            seg.head["corrupt"] += 1
+            return None
 
     def put(self, i: int, raw: bytes | memoryview) -> bool:
         """Offer item i's bytes; True when they were admitted (first touch, if they fit)."""
@@ -188,14 +232,16 @@ class MinIOCache:
             raise IndexError(f"item {i} is out of range for a cache of {self._n} items")
         n = memoryview(raw).nbytes
         if n == 0 or seg.lengths[i] != 0 or seg.used + n > seg.capacity:  # `used` only grows
-            return False
+            return False  # (lengths[i] == CORRUPT: never admitted again, see NOTE [checksums])
+        checksum = digest(raw)
         with self._writer() as seg:
             off = seg.used
             if seg.lengths[i] != 0 or off + n > seg.capacity:
                 return False
             seg.head["used"] = off + n     # 1. reserve: a writer killed from here on leaks, never exposes
             self._write(seg, off, raw)     # 2. copy the bytes
-            seg.offsets[i] = off           # 3. publish: offset, then length
+            seg.offsets[i] = off           # 3. publish: offset, checksum, then length
+            seg.checksums[i] = checksum
             seg.lengths[i] = n
         return True
 
@@ -215,10 +261,11 @@ class MinIOCache:
 
     # -- state --
     def stats(self) -> dict[str, int]:
-        """cache_bytes (encoded bytes of cached items, no padding), cache_items, cache_capacity."""
+        """cache_bytes (encoded bytes of cached items, no padding), cache_items, cache_capacity,
+        cache_corrupt (entries whose checksum did not match, node-wide, each counted once)."""
         seg = self._segment()
         return {"cache_bytes": seg.cached_bytes(), "cache_items": seg.cached_items(),
-                "cache_capacity": seg.capacity}
+                "cache_capacity": seg.capacity, "cache_corrupt": seg.corrupt_items()}
 
     def close(self) -> None:
         """Detach this process (the segment stays for the next job; `drop` removes it)."""

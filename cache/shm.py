@@ -1,12 +1,19 @@
-"""Segment files of the MinIO cache: names, free space, creation, locks, liveness.
+"""The shared-memory toolbox: folder, names, free space, creation, locks, liveness, sockets.
 
-A cache segment is one file in a shared-memory folder (``/dev/shm``, a tmpfs)
-that every process maps with ``MAP_SHARED``. This module knows files and
-processes, not the layout inside the file (that is `cache.layout`).
+Every coordl segment (a MinIO cache, a coordinator's ring) is one file in a
+shared-memory folder (``/dev/shm``, a tmpfs) that processes map with
+``MAP_SHARED``. This module is the one place that knows files and processes:
+`create` (exclusive, every byte allocated, the out-of-space message),
+`list_names` (by prefix), `free_bytes`, `alive` (pid plus start time),
+`owner_uid`/`others` (segments of other users, which coordl never touches)
+and `socket_state` (is anybody accepting on a Unix socket). It knows nothing
+of what is inside a file (that is `cache.layout` and `coordl.coordinator.ring`).
 
-Names: ``coordl-cache-<fingerprint[:16]>`` for the segment; a segment being
-built is ``coordl-cache-<fingerprint[:16]>.tmp-<pid>`` until it is published
-by ``link()`` under its final name, so nobody ever maps a half-built segment.
+Cache names: ``coordl-cache-<fingerprint[:16]>`` for the segment; a segment
+being built is ``coordl-cache-<fingerprint[:16]>.tmp-<pid>-<start>`` until it
+is published by ``link()`` under its final name, so nobody ever maps a
+half-built segment, and a dead builder's file is told from a living one by
+pid and start time (a reused pid does not keep it).
 
 Locks are Linux open-file-description (OFD) byte-range locks on the segment
 file itself. The kernel drops them when the last descriptor of the open file
@@ -24,12 +31,19 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import pwd
+import socket
+import stat
 import struct
 
-from coordl.errors import CacheError, ConfigError
+from coordl.errors import CacheError, CoordlError, ConfigError
 
-PREFIX = "coordl-cache-"
-DEFAULT_DIR = "/dev/shm"
+#: The node's shared-memory folder: every coordl segment lives here unless told otherwise.
+SHM_DIR = "/dev/shm"
+DEFAULT_DIR = SHM_DIR  # the older name (coordl/caching.py)
+#: Every file coordl creates in a shared-memory folder starts with this.
+COORDL_PREFIX = "coordl-"
+PREFIX = COORDL_PREFIX + "cache-"
 _TMP = ".tmp-"
 _WRITER_BYTE, _ATTACH_BYTE = 0, 1
 
@@ -52,42 +66,61 @@ def fmt_bytes(n: int) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover
 
 
-def free_bytes(directory: str) -> int:
+# -- space and creation ------------------------------------------------------------------
+
+def free_bytes(directory: str = SHM_DIR) -> int:
+    """Bytes an unprivileged process may still allocate in `directory` (statvfs)."""
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
 
 
-def check_free_space(directory: str, need: int, capacity: int) -> None:
-    """Raise CacheError, naming both sizes and the fix, when `need` bytes do not fit `directory`."""
+def check_free_space(directory: str, need: int, what: str, fix: str,
+                     error: type[CoordlError] = CacheError) -> None:
+    """Raise `error` naming `what`, the free space and `fix` when `need` bytes do not fit `directory`."""
     try:
         free = free_bytes(directory)
     except OSError as e:
-        raise CacheError(f"cache directory {directory!r} is not usable ({e.strerror}): pass an "
-                         "existing folder on a tmpfs, e.g. directory='/dev/shm'") from None
+        raise error(f"shared-memory folder {directory!r} is not usable ({e.strerror}): pass an "
+                    "existing folder on a tmpfs, e.g. '/dev/shm'") from None
     if need > free:
-        raise CacheError(
-            f"cache capacity {fmt_bytes(capacity)} (segment {fmt_bytes(need)} with its index) does not "
-            f"fit {directory} ({fmt_bytes(free)} free): pass a smaller cache (e.g. cache="
-            f"'{max(free - (need - capacity), 0) // 2**20}MiB'), free space in {directory}, or mount a "
-            f"larger {directory} (docker: --shm-size)")
+        raise error(f"{what} does not fit {directory} ({fmt_bytes(free)} free): {fix}, free space in "
+                    f"{directory}, or mount a larger {directory} (docker: --shm-size)")
 
 
-def create_tmp(directory: str, name: str, size: int, capacity: int) -> tuple[int, str]:
-    """A new file of `size` bytes, all of them allocated now (no SIGBUS later): (fd, tmp path)."""
-    check_free_space(directory, size, capacity)
-    path = os.path.join(directory, f"{name}{_TMP}{os.getpid()}")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+def create(path: str, size: int, what: str, fix: str, error: type[CoordlError] = CacheError) -> int:
+    """A new file of `size` bytes, mode 0600, created exclusively (O_EXCL, no symlink followed),
+    every byte allocated now (posix_fallocate: no SIGBUS later). Returns its descriptor.
+
+    `what` names the segment and its size for the out-of-space message ("the ring (64.0 MiB)"),
+    `fix` says what the user passes instead ("pass fewer --slots"); `error` is the exception raised.
+    """
+    directory = os.path.dirname(path) or "."
+    check_free_space(directory, size, what, fix, error)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        os.fchmod(fd, 0o600)  # the umask may only remove bits, but say it anyway
         os.posix_fallocate(fd, 0, size)
     except OSError as e:
         os.close(fd)
         os.unlink(path)
         if e.errno == errno.ENOSPC:
-            check_free_space(directory, size, capacity)  # names the sizes if space went meanwhile
-            raise CacheError(f"cache capacity {fmt_bytes(capacity)} does not fit {directory}: pass a "
-                             "smaller cache, or mount a larger one (docker: --shm-size)") from None
-        raise CacheError(f"cannot reserve {fmt_bytes(size)} in {path}: {e.strerror}") from None
-    return fd, path
+            check_free_space(directory, size, what, fix, error)  # names the sizes if space went meanwhile
+            raise error(f"{what} does not fit {directory}: {fix}, or mount a larger {directory} "
+                        "(docker: --shm-size)") from None
+        raise error(f"cannot reserve {fmt_bytes(size)} in {path}: {e.strerror}") from None
+    return fd
+
+
+def tmp_name(name: str) -> str:
+    """The name a segment is built under: ``<name>.tmp-<pid>-<start>`` of this process."""
+    pid = os.getpid()
+    return f"{name}{_TMP}{pid}-{proc_start(pid) or 0}"
+
+
+def create_tmp(directory: str, name: str, size: int, what: str, fix: str) -> tuple[int, str]:
+    """`create` under the segment's building name (see `tmp_name`): (fd, tmp path)."""
+    path = os.path.join(directory, tmp_name(name))
+    return create(path, size, what, fix), path
 
 
 def publish(tmp: str, path: str) -> bool:
@@ -100,6 +133,8 @@ def publish(tmp: str, path: str) -> bool:
     finally:
         os.unlink(tmp)
 
+
+# -- locks -------------------------------------------------------------------------------
 
 def _lock(fd: int, cmd: int, kind: int, byte: int) -> None:
     fcntl.fcntl(fd, cmd, struct.pack("hhqqi4x", kind, os.SEEK_SET, byte, 1, 0))
@@ -137,14 +172,16 @@ def reopen(fd: int) -> int:
     return new
 
 
+# -- processes ---------------------------------------------------------------------------
+
 def proc_start(pid: int) -> int | None:
     """The start time of process `pid` in clock ticks since boot (None: no such process)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+            stat_line = f.read()
     except OSError:
         return None
-    fields = stat[stat.rindex(b")") + 2:].split()
+    fields = stat_line[stat_line.rindex(b")") + 2:].split()
     return int(fields[19]) if fields[0] != b"Z" else None  # field 22 of proc(5); zombies are dead
 
 
@@ -153,21 +190,84 @@ def alive(pid: int, start: int) -> bool:
     return pid > 0 and proc_start(pid) == start
 
 
-def list_names(directory: str) -> list[str]:
-    """Published segment names in `directory`."""
+# -- listing and owners ------------------------------------------------------------------
+
+def list_names(directory: str = SHM_DIR, prefix: str = PREFIX, building: bool = False) -> list[str]:
+    """Names in `directory` that start with `prefix`, sorted; those still being built
+    (``.tmp-``) only with ``building=True``, and then only those."""
     try:
         names = os.listdir(directory)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(n for n in names if n.startswith(PREFIX) and _TMP not in n)
+    return sorted(n for n in names if n.startswith(prefix) and (_TMP in n) == building)
 
 
-def stale_tmp_files(directory: str) -> list[str]:
-    """Half-built segments whose builder is dead (killed while creating)."""
+def stale_tmp_files(directory: str = SHM_DIR) -> list[str]:
+    """This user's half-built cache segments whose builder is dead (killed while creating)."""
     out = []
-    for n in os.listdir(directory) if os.path.isdir(directory) else []:
-        if n.startswith(PREFIX) and _TMP in n:
-            pid = n.rsplit(_TMP, 1)[1]
-            if not (pid.isdigit() and proc_start(int(pid)) is not None):
-                out.append(n)
+    for n in list_names(directory, PREFIX, building=True):
+        pid, _, start = n.rsplit(_TMP, 1)[1].partition("-")
+        if not (pid.isdigit() and start.isdigit() and alive(int(pid), int(start))) and _mine(directory, n):
+            out.append(n)
     return out
+
+
+def owner_uid(path: str) -> int | None:
+    """The uid that owns `path` (None: it is gone)."""
+    try:
+        return os.lstat(path).st_uid
+    except FileNotFoundError:
+        return None
+
+
+def _mine(directory: str, name: str) -> bool:
+    return owner_uid(os.path.join(directory, name)) == os.getuid()
+
+
+def user_name(uid: int) -> str:
+    """'alice (uid 1001)', or 'uid 1001' for a uid without a passwd entry."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def others(directory: str = SHM_DIR, prefix: str = COORDL_PREFIX) -> list[tuple[str, int]]:
+    """(name, uid) of the coordl files in `directory` that another user owns: coordl lists them
+    and never touches them (they are theirs to drop, or root's)."""
+    out = []
+    for name in list_names(directory, prefix) + list_names(directory, prefix, building=True):
+        uid = owner_uid(os.path.join(directory, name))
+        if uid is not None and uid != os.getuid():
+            out.append((name, uid))
+    return sorted(out)
+
+
+# -- sockets -----------------------------------------------------------------------------
+
+ABSENT, NOT_SOCKET, LIVE, STALE = "absent", "not a socket", "live", "stale"
+
+
+def socket_state(path: str, timeout: float = 1.0) -> str:
+    """Is anybody accepting on the Unix socket `path`? ABSENT (no file), NOT_SOCKET (a file of
+    another kind), LIVE (a connect succeeded) or STALE (a socket file nobody accepts on: its
+    process is gone). Raises OSError when it cannot tell (no permission, a timeout)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return ABSENT
+    if not stat.S_ISSOCK(st.st_mode):
+        return NOT_SOCKET
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(timeout)
+        probe.connect(path)
+        return LIVE
+    except OSError as e:
+        if e.errno == errno.ECONNREFUSED:
+            return STALE
+        if e.errno == errno.ENOENT:
+            return ABSENT
+        raise
+    finally:
+        probe.close()

@@ -64,7 +64,7 @@ def test_get_is_a_zero_copy_view_of_what_put_stored(new_cache):
     view = cache.get(1)
     assert isinstance(view, memoryview) and view == b"jpeg bytes"
     assert isinstance(view.obj, __import__("mmap").mmap)  # a view of the shared mapping, no copy
-    assert cache.stats() == {"cache_bytes": 10, "cache_items": 1, "cache_capacity": 10_000}
+    assert cache.stats() == {"cache_bytes": 10, "cache_items": 1, "cache_capacity": 10_000, "cache_corrupt": 0}
     with pytest.raises(IndexError):
         cache.get(5)
     with pytest.raises(IndexError):
