@@ -325,6 +325,11 @@ class Prep:
         result = self.take()
         if result.kept:
             images = result.images if isinstance(result.images, np.ndarray) else to_numpy(result.images)
-            out[:len(result.kept)] = images.reshape(out[:len(result.kept)].shape)
+            rows = out[:len(result.kept)]
+            if images.shape != rows.shape or images.dtype != rows.dtype:
+                raise ConfigError(f"prep_into: out rows are {rows.dtype} {rows.shape[1:]}, the recipe makes "
+                                  f"{images.dtype} {images.shape[1:]} (layout={self.recipe.layout!r}): "
+                                  "pass an array of the recipe's layout, size and dtype")
+            rows[...] = images
         return result.kept, result.errors
 

@@ -148,6 +148,8 @@ def test_prep_into_writes_kept_rows_in_order(bench_sample):
     ref = _run(recipe, [raws[k] for k in kept], [10, 12, 13], 2).images
     np.testing.assert_array_equal(out[:3], ref)
     assert not out[3:].any()
+    with pytest.raises(ConfigError, match=r"layout='CHW'"):
+        dali.Prep(dali.Recipe("val", 48), 8).prep_into(raws, [10, 11, 12, 13], 2, out)
 
 
 def test_empty_and_all_bad_batches(bench_sample):
