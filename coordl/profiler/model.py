@@ -16,15 +16,19 @@ at a time; the training step consumes batches as they come (prefetching
 overlaps the two). Throughput with a fraction x of the items in the cache:
 
     loader(x, w)  = w / (t_item(w) + (1 - x) * (t_miss(w) - t_hit))
-    t_item(w)     = w / prep_alone(w)        per-worker seconds per item, all cached
+    t_item(w)     = w / cached(w)     per-worker seconds per item, all cached, while training
     t_miss(w)     = w * item_bytes / storage_bw(w)   a cold read with w readers sharing storage
     t_hit         = item_bytes / memory_bw
     cpu(w)        = cores / (train_cpu + prep_cpu(w))   every CPU second is someone's
     rate(x, w)    = min(ingestion, loader(x, w), cpu(w))
 
-prep_alone, prep_cpu and storage_bw are measured at 1..W; above W the values
-at W are carried on (per-worker speed and storage bandwidth saturated), so
-more workers than measured only help until cpu(w) binds.
+cached(w) is the measured training throughput with every item cached: when
+it is below the ingestion rate the loader set that pace, so it is the
+workers' speed with the train step competing for the same CPUs. When it is at
+the ingestion rate the loader had slack, and the loader-alone rate is the
+workers' speed. cached, prep_alone, prep_cpu and storage_bw are measured at
+1..W; above W the per-worker speed and the storage bandwidth at W are carried
+on, so more workers than measured help until cpu(w) binds.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Inputs:
     ingestion: float                 # samples/s: train step on in-memory synthetic batches
     train_cpu: float                 # CPU seconds per sample of the training process, in that run
     prep_alone: tuple[float, ...]    # samples/s of the loader alone, all items cached, at 1..W workers
+    cached: tuple[float, ...]        # samples/s of training with every item cached, at 1..W workers
     prep_cpu: tuple[float, ...]      # CPU seconds per sample of the loader (workers + main), at 1..W
     storage_bw: tuple[float, ...]    # bytes/s of cold reads with 1..W concurrent readers
     memory_bw: float                 # bytes/s of reads out of the MinIO cache
@@ -50,15 +55,24 @@ class Inputs:
 
     def __post_init__(self) -> None:
         n = len(self.prep_alone)
-        if n == 0 or len(self.prep_cpu) != n or len(self.storage_bw) != n:
-            raise ValueError("prep_alone, prep_cpu and storage_bw need one value per worker count 1..W")
-        values = (self.ingestion, self.memory_bw, self.item_bytes, *self.prep_alone, *self.storage_bw)
+        if n == 0 or not len(self.cached) == len(self.prep_cpu) == len(self.storage_bw) == n:
+            raise ValueError("prep_alone, cached, prep_cpu and storage_bw need one value per worker count 1..W")
+        values = (self.ingestion, self.memory_bw, self.item_bytes, *self.prep_alone, *self.cached,
+                  *self.storage_bw)
         if min(values) <= 0 or self.cores < 1 or min(self.train_cpu, *self.prep_cpu) < 0:
             raise ValueError(f"rates, bandwidths and sizes must be > 0 and CPU costs >= 0: {self}")
 
     @property
     def measured_workers(self) -> int:
         return len(self.prep_alone)
+
+    def worker_speed(self, workers: int) -> float:
+        """Items/s of one worker while training, all cached (see the module doc), at `workers`
+        (the value at W above W)."""
+        k = min(workers, self.measured_workers)
+        cached = self.cached[k - 1]
+        pace = cached if cached < (1 - TOLERANCE) * self.ingestion else self.prep_alone[k - 1]
+        return pace / k
 
     def _at(self, values: tuple[float, ...], workers: int) -> float:
         return values[min(workers, len(values)) - 1]
@@ -87,8 +101,7 @@ def limits(inp: Inputs, cache_fraction: float, workers: int) -> Limits:
         raise ValueError(f"cache_fraction={cache_fraction} must be in [0, 1]")
     if workers < 1:
         raise ValueError(f"workers={workers} must be >= 1")
-    known = min(workers, inp.measured_workers)
-    t_item = known / inp.prep_alone[known - 1]
+    t_item = 1.0 / inp.worker_speed(workers)
     t_miss = workers * inp.item_bytes / inp._at(inp.storage_bw, workers)
     t_hit = inp.item_bytes / inp.memory_bw
     loader = workers / (t_item + (1.0 - cache_fraction) * max(t_miss - t_hit, 0.0))

@@ -154,7 +154,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
             raise RuntimeError(f"the all-cached run read {t.stats['storage_reads']} items from storage")
     inputs = model.Inputs(
         ingestion=ingest.rate, train_cpu=ingest.cpu_self,
-        prep_alone=tuple(t.rate for t in alone),
+        prep_alone=tuple(t.rate for t in alone), cached=tuple(t.rate for t in cached),
         prep_cpu=tuple(t.cpu_self + t.cpu_children for t in alone),
         storage_bw=tuple(storage_bw), memory_bw=memory_bw,
         item_bytes=s.total_bytes / len(s.ds), cores=len(os.sched_getaffinity(0)))

@@ -10,7 +10,8 @@ MB = 10**6
 
 
 def inputs(**kw) -> model.Inputs:
-    base = dict(ingestion=1000.0, train_cpu=0.0, prep_alone=(400.0, 800.0), prep_cpu=(0.0, 0.0),
+    base = dict(ingestion=1000.0, train_cpu=0.0, prep_alone=(400.0, 800.0), cached=(400.0, 800.0),
+                prep_cpu=(0.0, 0.0),
                 storage_bw=(1000 * MB, 1000 * MB), memory_bw=10_000 * MB, item_bytes=100_000.0, cores=64)
     base.update(kw)
     return model.Inputs(**base)
@@ -67,8 +68,8 @@ def test_prep_bound_prediction_is_the_loader_alone_rate():
 
 def test_fetch_bound_prediction_follows_storage_bandwidth_and_cache():
     # 100 kB items, 10 MB/s storage: a cold read costs 10 ms per item per reader, prep 1.25 ms
-    inp = inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), storage_bw=(10 * MB, 10 * MB),
-                 memory_bw=10**15)
+    inp = inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), cached=(10_000.0, 10_000.0),
+                 storage_bw=(10 * MB, 10 * MB), memory_bw=10**15)
     t_item, t_miss = 2 / 20_000.0, 2 * 100_000 / (10 * MB)
     for x in (0.0, 0.25, 0.5, 0.9):
         assert model.predict(inp, x, 2) == pytest.approx(2 / (t_item + (1 - x) * t_miss))
@@ -77,6 +78,19 @@ def test_fetch_bound_prediction_follows_storage_bandwidth_and_cache():
     assert model.predict(inp, 0.5, 2) == pytest.approx(200.0, rel=0.01)
     assert model.predict(inp, 1.0, 2) == pytest.approx(10_000.0)  # all cached: model-bound again
     assert model.limits(inp, 1.0, 2).bound == "model"
+
+
+def test_worker_speed_is_the_training_pace_when_the_loader_binds():
+    free = dict(storage_bw=(10**15, 10**15), memory_bw=10**15)
+    # loader-bound (cached below ingestion): the workers' speed is what training got from them
+    inp = inputs(prep_alone=(500.0, 1000.0), cached=(300.0, 600.0), **free)
+    assert inp.worker_speed(1) == 300.0 and inp.worker_speed(2) == 300.0 and inp.worker_speed(5) == 300.0
+    assert model.predict(inp, 1.0, 2) == pytest.approx(600.0)
+    assert model.predict(inp, 1.0, 3) == pytest.approx(900.0)
+    # model-bound at 2 workers (cached == ingestion): the loader had slack; its alone rate counts
+    inp = inputs(ingestion=600.0, prep_alone=(500.0, 1000.0), cached=(300.0, 600.0), **free)
+    assert inp.worker_speed(2) == 500.0 and inp.worker_speed(1) == 300.0
+    assert model.predict(inp, 1.0, 2) == 600.0
 
 
 def test_cpu_bound_when_step_and_prep_share_few_cores():
@@ -99,8 +113,8 @@ def test_more_workers_than_measured_carry_the_last_values():
 
 
 def test_smallest_cache_and_fewest_workers():
-    inp = inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), storage_bw=(10 * MB, 10 * MB),
-                 memory_bw=10**15)
+    inp = inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), cached=(10_000.0, 10_000.0),
+                 storage_bw=(10 * MB, 10 * MB), memory_bw=10**15)
     # the fetch stall only goes with (nearly) everything cached: within 2% of a full cache
     assert model.smallest_cache(inp, 2) == 1.0
     assert model.predict(inp, 0.99, 2) < 0.98 * model.predict(inp, 1.0, 2)
@@ -119,7 +133,7 @@ def test_model_bound_needs_no_cache():
     assert model.fewest_workers(inp, 0.0, 4) == 1
 
 
-@pytest.mark.parametrize("bad", [dict(ingestion=0.0), dict(prep_alone=(1.0,)), dict(cores=0),
+@pytest.mark.parametrize("bad", [dict(ingestion=0.0), dict(prep_alone=(1.0,)), dict(cached=(1.0,)), dict(cores=0),
                                  dict(storage_bw=(0.0, 1.0)), dict(train_cpu=-1.0)])
 def test_inputs_are_checked(bad):
     with pytest.raises(ValueError):
