@@ -125,7 +125,7 @@ def child(kind: str, root: str, store: str, threads: int) -> dict:
         t = time.perf_counter()
         manifest_identity.content_digest([m.path(i) for i in pos.tolist()], pos, threads)
         return {"s": time.perf_counter() - t, "n": len(pos)}
-    from coordl.dataset import ImageFolder   # imported before the clock starts (it imports torch)
+    from coordl.dataset import ImageFolder  # imported before the clock starts (it imports torch)
     if kind == "first":
         shutil.rmtree(store, ignore_errors=True)
     t = time.perf_counter()

@@ -140,3 +140,25 @@ def test_bad_arguments_name_the_parameter(tiny_root):
         coordl.ImageFolder(tiny_root, on_error="ignore")
     with pytest.raises(coordl.ConfigError, match="size=0"):
         coordl.ImageFolder(tiny_root, size=0)
+
+
+def test_a_persisted_manifest_gives_the_same_dataset(tmp_path, tiny_root):
+    """`manifest_cache=` and `rescan=` reach coordl.manifest.scan; a loaded manifest is the scanned one."""
+    from coordl import manifest
+
+    root = tmp_path / "copy"
+    shutil.copytree(tiny_root, root)
+    old = 1_600_000_000 * 10**9
+    for dirpath, _, _ in os.walk(root):
+        os.utime(dirpath, ns=(old, old))          # an old tree: its folders are past the racy window
+    store = str(tmp_path / "manifests")
+    before = dict(manifest.SCANS)
+    scanned = coordl.ImageFolder(root, manifest_cache=store)
+    loaded = coordl.ImageFolder(root, manifest_cache=store)
+    forced = coordl.ImageFolder(root, manifest_cache=store, rescan=True)
+    assert {k: manifest.SCANS[k] - before[k] for k in before} == {"walks": 2, "loads": 1}
+    assert loaded.manifest.source.startswith(store) and scanned.manifest.source == "scan"
+    for ds in (loaded, forced):
+        assert ds.samples == scanned.samples and ds.classes == scanned.classes
+        assert ds.fingerprint == scanned.fingerprint
+        assert bytes(ds.fetch(3)) == bytes(scanned.fetch(3))
