@@ -36,7 +36,7 @@ import socket
 import stat
 import struct
 
-from coordl.errors import CacheError, CoordlError, ConfigError
+from coordl.errors import CacheError, ConfigError, CoordlError
 
 #: The node's shared-memory folder: every coordl segment lives here unless told otherwise.
 SHM_DIR = "/dev/shm"
@@ -121,6 +121,15 @@ def create_tmp(directory: str, name: str, size: int, what: str, fix: str) -> tup
     """`create` under the segment's building name (see `tmp_name`): (fd, tmp path)."""
     path = os.path.join(directory, tmp_name(name))
     return create(path, size, what, fix), path
+
+
+def unlink(path: str) -> bool:
+    """Remove `path`; False when it was gone already."""
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def publish(tmp: str, path: str) -> bool:

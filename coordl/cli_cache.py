@@ -3,7 +3,9 @@
 `cleanup` runs every function in `CLEANERS`; each takes the shared-memory
 folder and returns the names it removed. A component that leaves segments
 behind when killed adds its own cleaner with one line: ``CLEANERS.append(f)``
-(or an entry in the list below).
+(or an entry in the list below). Every cleaner leaves other users' segments
+alone; `cleanup` and `cache drop --all` list them as skipped, `cache ls`
+lists them as another user's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ CLEANERS: list[Callable[[str], list[str]]] = [
     coordinator_cleanup,  # ring segments (and socket files) of coordinator daemons that are gone
 ]
 
-_DIR = click.option("--dir", "directory", default=shm.DEFAULT_DIR, show_default=True,
+_DIR = click.option("--dir", "directory", default=shm.SHM_DIR, show_default=True,
                     type=click.Path(file_okay=False), help="Shared-memory folder.")
 
 
@@ -34,19 +36,23 @@ def cache_group() -> None:
 @_DIR
 def ls_cmd(directory: str) -> None:
     """Each cache: dataset, capacity, fill, items, creator and attached processes."""
-    infos = admin.list_caches(directory)
-    if not infos:
+    infos, theirs = admin.list_caches(directory), admin.foreign(directory)
+    if not infos and not theirs:
         click.echo(f"no coordl cache in {directory}")
         return
     for c in infos:
         fill = 100.0 * c.cached_bytes / c.capacity if c.capacity else 0.0
         creator = f"{c.creator_pid} ({'alive' if c.creator_alive else 'dead'})"
-        click.echo(f"{c.name}\n  dataset     {c.fingerprint[:16]}  {c.label}\n"
+        stale = "  (stale: superseded by a newer cache of this root; `coordl cleanup` removes it)"
+        click.echo(f"{c.name}{stale if c.stale else ''}\n  dataset     {c.fingerprint[:16]}  {c.label}\n"
                    f"  capacity    {shm.fmt_bytes(c.capacity)}\n"
                    f"  fill        {shm.fmt_bytes(c.cached_bytes)} ({fill:.1f}%)\n"
                    f"  items       {c.items} of {c.n_items}\n"
                    f"  creator     {creator}\n"
-                   f"  attached    {', '.join(map(str, c.attached)) or 'none'}")
+                   f"  attached    {', '.join(map(str, c.attached)) or 'none'}"
+                   + (f"\n  corrupt     {c.corrupt} (served from storage)" if c.corrupt else ""))
+    for f in theirs:
+        click.echo(f"{f.name}  (another user's: {f.owner}, {shm.fmt_bytes(f.size)}; left alone)")
 
 
 @cache_group.command("drop")
@@ -60,7 +66,8 @@ def drop_cmd(name: str | None, drop_all: bool, directory: str) -> None:
     names = admin.drop_all(directory) if drop_all else [admin.drop(directory, name)]
     for n in names:
         click.echo(f"dropped {n}")
-    if not names:
+    skipped = _skipped(directory, shm.PREFIX) if drop_all else 0
+    if not names and not skipped:
         click.echo(f"no coordl cache in {directory}")
 
 
@@ -71,4 +78,14 @@ def cleanup_cmd(directory: str) -> None:
     removed = [name for cleaner in CLEANERS for name in cleaner(directory)]
     for name in removed:
         click.echo(f"removed {name}")
-    click.echo(f"cleanup: removed {len(removed)} segment(s) from {directory}")
+    skipped = _skipped(directory, shm.COORDL_PREFIX)
+    click.echo(f"cleanup: removed {len(removed)} segment(s) from {directory}"
+               + (f", skipped {skipped} of other users" if skipped else ""))
+
+
+def _skipped(directory: str, prefix: str) -> int:
+    """Say which of the segments another user owns were left alone; how many."""
+    theirs = admin.foreign(directory, prefix)
+    for f in theirs:
+        click.echo(f"skipped {f.name}: another user's ({f.owner}), left alone")
+    return len(theirs)

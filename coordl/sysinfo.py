@@ -48,8 +48,9 @@ def collect() -> dict[str, str]:
 
 
 def _shm_free() -> str:
+    from coordl.cache import shm
+
     try:
-        st = os.statvfs("/dev/shm")
-        return f"/dev/shm {st.f_bavail * st.f_frsize / 2**30:.1f} GiB free"
+        return f"{shm.SHM_DIR} {shm.fmt_bytes(shm.free_bytes())} free"
     except OSError:
-        return "/dev/shm missing"
+        return f"{shm.SHM_DIR} missing"

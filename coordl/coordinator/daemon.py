@@ -48,7 +48,6 @@ NOTE (lifecycle of every process and segment):
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
 import selectors
@@ -58,6 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from coordl.cache import shm
 from coordl.errors import CoordinatorError
 
 from . import protocol as p
@@ -504,23 +504,17 @@ class Daemon:
 
 def _refuse_live_socket(path: str) -> None:
     """Raise if a daemon already accepts on `path`; remove a stale socket file."""
-    if not os.path.lexists(path):
-        return
-    import stat
-
-    if not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise CoordinatorError(f"--socket {path!r} exists and is not a socket: pass another path")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        probe.settimeout(2.0)
-        probe.connect(path)
+        state = shm.socket_state(path, timeout=2.0)
     except OSError as e:
-        if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-            raise CoordinatorError(f"cannot check socket {path!r}: {e.strerror}") from None
-        os.unlink(path)  # stale: its daemon is gone
+        raise CoordinatorError(f"cannot check socket {path!r}: {e.strerror or e}") from None
+    if state == shm.ABSENT:
         return
-    finally:
-        probe.close()
+    if state == shm.NOT_SOCKET:
+        raise CoordinatorError(f"--socket {path!r} exists and is not a socket: pass another path")
+    if state == shm.STALE:
+        segments.unlink(path)  # its daemon is gone
+        return
     raise CoordinatorError(f"a coordinator already listens on {path!r}: stop it (coordl status "
                            f"--socket {path} shows its pid) or pass another --socket")
 

@@ -9,8 +9,9 @@ where <pid> is the daemon's process id and <start> its start time in clock
 ticks since boot (proc(5) field 22), so that a pid reused by an unrelated
 process never makes a dead daemon's segments look alive. `owner_alive(name)`
 tells from the name alone whether the daemon that made a segment still runs
-(pid and start time, read as the MinIO cache reads them: coordl.cache.shm);
-cleanup.py removes those whose owner is gone.
+(pid and start time: coordl.cache.shm, the one shared-memory toolbox, which
+also creates, lists and measures segments); cleanup.py removes those whose
+owner is gone.
 
 Lifetime: the daemon creates (mode 0600, O_EXCL) and is the only process that
 unlinks; jobs and prep workers only map and close. An unlinked segment stays
@@ -19,14 +20,13 @@ readable through the mappings that exist until the last one is closed.
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 
-from coordl.cache.shm import alive, proc_start
+from coordl.cache import shm
+from coordl.cache.shm import SHM_DIR, alive, proc_start, unlink  # noqa: F401 (segments.unlink)
 from coordl.errors import CoordinatorError
 
-SHM_DIR = "/dev/shm"
 PREFIX = "coordl-serve-"
 
 
@@ -54,20 +54,8 @@ def owner_alive(name: str) -> bool:
 def create(name: str, size: int, directory: str = SHM_DIR) -> tuple[int, str]:
     """A new segment of `size` bytes, mode 0600, every page reserved now (no SIGBUS later)."""
     path = os.path.join(directory, name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # the umask may only remove bits, but say it anyway
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        os.close(fd)
-        os.unlink(path)
-        if e.errno == errno.ENOSPC:
-            st = os.statvfs(directory)
-            raise CoordinatorError(
-                f"the ring needs {size / 2**20:.0f} MiB but {directory} has "
-                f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB free: pass fewer --slots or a smaller "
-                f"--batch-size, or mount a larger {directory} (docker: --shm-size)") from None
-        raise
+    fd = shm.create(path, size, f"the ring ({shm.fmt_bytes(size)})",
+                    "pass fewer --slots or a smaller --batch-size", CoordinatorError)
     return fd, path
 
 
@@ -80,18 +68,3 @@ def map_file(path: str, writable: bool) -> mmap.mmap:
                          mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
     finally:
         os.close(fd)
-
-
-def unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def list_ours(directory: str = SHM_DIR) -> list[str]:
-    try:
-        return sorted(n for n in os.listdir(directory) if n.startswith(PREFIX))
-    except FileNotFoundError:
-        return []
