@@ -226,3 +226,17 @@ def test_state_dict_mid_epoch_resumes_the_remaining_batches(tiny_root):
     assert len(rest) == len(want) - 2
     for (gi, gl), (wi, wl) in zip(head + rest, want):
         assert torch.equal(gi, wi) and torch.equal(gl, wl)
+
+
+def test_a_file_gone_from_storage_is_skipped_or_named(own_root):
+    ds = coordl.ImageFolder(own_root, transform="val", size=32, on_error="skip")
+    strict = coordl.ImageFolder(own_root, transform="val", size=32)
+    gone = ds.manifest.path(21)
+    os.unlink(gone)                                         # after the scan: fetch fails
+    loader = coordl.DataLoader(ds, batch_size=8, backend="dali")
+    got: list = []
+    delta = _delta(loader, lambda: got.extend(_batches(loader)))
+    assert delta["errors_skipped"] == 1 and delta["samples"] == len(ds) - 1
+    assert delta["decodes"] == len(ds) - 1                  # never handed to the decoder
+    with pytest.raises(coordl.SampleError, match=f"{gone}: cannot read the file"):
+        _batches(coordl.DataLoader(strict, batch_size=8, backend="dali"))
