@@ -93,7 +93,8 @@ _JOB = textwrap.dedent("""
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, cache=int(sys.argv[2]))
     for _ in loader:
         pass
-    print(json.dumps({"pid": __import__("os").getpid(), "name": loader.dataset.cache.name, **loader.stats()}), flush=True)
+    name = loader.dataset.cache.name
+    print(json.dumps({"pid": __import__("os").getpid(), "name": name, **loader.stats()}), flush=True)
     sys.stdin.readline()  # stay attached until the test says so
 """)
 
