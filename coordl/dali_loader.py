@@ -63,7 +63,9 @@ def _check(loader) -> None:
                           f"transform={ds.transform!r}: use one of them, or the CPU backend")
     if not loader._auto_collation:
         raise ConfigError("backend='dali' needs batches: pass batch_size (or batch_sampler), not batch_size=None")
-    if loader.collate_fn.__name__ != "collate" or loader.collate_fn.__module__ != "coordl.loader":
+    from .loader import collate  # here: loader.py imports this module
+
+    if loader.collate_fn is not collate:
         raise ConfigError(f"backend='dali' builds its batches itself; collate_fn={loader.collate_fn!r} "
                           "would be ignored: leave collate_fn unset, or use the CPU backend")
 
