@@ -10,7 +10,7 @@ import time
 
 import click
 
-from . import cli_cache, cli_profile, cli_serve
+from . import cli_cache, cli_cachenode, cli_profile, cli_serve
 from .errors import CoordlError
 
 
@@ -91,6 +91,7 @@ main.add_command(cli_cache.cleanup_cmd)
 main.add_command(cli_serve.serve_cmd)
 main.add_command(cli_serve.status_cmd)
 main.add_command(cli_profile.profile_cmd)
+main.add_command(cli_cachenode.cache_node_group)
 
 
 if __name__ == "__main__":
