@@ -277,3 +277,72 @@ def test_a_foreign_file_under_the_segment_name_is_refused_without_leaking(tmp_pa
 def test_unusable_names_are_refused(bad):
     with pytest.raises(ConfigError, match="name="):
         MinIOCache(4096, name=bad).open(secrets.token_hex(32), 4)
+
+
+# -- checksums: a corrupt entry is never served ------------------------------------------
+
+def _stats_in_child(cache: MinIOCache, conn) -> None:
+    conn.send((cache.get(2), cache.stats()["cache_corrupt"]))
+
+
+def test_a_corrupted_entry_is_counted_once_node_wide_and_never_served_again(new_cache):
+    cache = new_cache(4096, 4)
+    assert cache.put(1, b"good bytes") and cache.put(2, b"corrupt me")
+    seg = cache._seg
+    off = int(seg.offsets[2])
+    seg.arena[off:off + 4] = b"\xde\xad\xbe\xef"       # a stray write into the shared arena
+    assert cache.get(2) is None                         # detected: a miss, never the bad bytes
+    assert cache.stats() == {"cache_bytes": 10, "cache_items": 1, "cache_capacity": 4096, "cache_corrupt": 1}
+    assert cache.get(2) is None and cache.stats()["cache_corrupt"] == 1   # counted once, not per read
+    assert cache.put(2, b"corrupt me") is False         # not re-admitted: served from storage from now on
+    assert cache.get(2) is None and cache.get(1) == b"good bytes"
+    parent, child = FORK.Pipe()
+    p = FORK.Process(target=_stats_in_child, args=(cache, child))
+    p.start()
+    assert parent.recv() == (None, 1)                   # the count is the segment's: every process sees it
+    p.join(10)
+
+
+def _publish_length_first_then_bytes(cache: MinIOCache, i: int, raw: bytes, conn) -> None:
+    """A writer whose stores become visible in the worst order a weakly ordered CPU allows:
+    offset, checksum and length before any of the bytes, all under the writers' lock."""
+    from coordl.cache.checksum import digest
+
+    with cache._writer() as seg:
+        off = seg.used
+        seg.head["used"] = off + len(raw)
+        seg.offsets[i], seg.checksums[i], seg.lengths[i] = off, digest(raw), len(raw)
+        conn.send("length published, bytes not yet")
+        conn.recv()                                      # the parent's reader is waiting on our lock
+        seg.arena[off:off + len(raw)] = raw
+
+
+def _lock_waiters(path: str) -> int:
+    """Blocked lock requests on the file at `path` (/proc/locks '->' lines for its inode)."""
+    ino = os.stat(path).st_ino
+    with open("/proc/locks") as f:
+        return sum(1 for line in f if "->" in line and f":{ino} " in line)
+
+
+def test_a_reader_that_sees_the_length_before_the_bytes_waits_for_the_writer(new_cache):
+    cache = new_cache(4096, 4)
+    raw = _item(3)[:2000]
+    parent, child = FORK.Pipe()
+    p = FORK.Process(target=_publish_length_first_then_bytes, args=(cache, 3, raw, child))
+    p.start()
+    try:
+        assert parent.poll(30) and parent.recv()
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(cache.get(3)))
+        reader.start()
+        for _ in range(3000):                            # until the reader blocks on the writers' lock
+            if _lock_waiters(cache.path):
+                break
+            threading.Event().wait(0.01)
+        assert _lock_waiters(cache.path) == 1, "the reader did not wait for the writer"
+        parent.send("finish")
+        reader.join(30)
+    finally:
+        p.join(30)
+    assert bytes(got[0]) == raw                          # the complete entry, not the zeros it first saw
+    assert cache.stats()["cache_corrupt"] == 0           # and no false alarm

@@ -121,3 +121,37 @@ def test_cleanup_runs_every_registered_cleaner(shm_dir, monkeypatch):
     monkeypatch.setattr(cli_cache, "CLEANERS", cli_cache.CLEANERS + [lambda d: [f"coordl-serve-x in {d}"]])
     out = _cli("cleanup", "--dir", shm_dir)
     assert f"removed coordl-serve-x in {shm_dir}" in out and "removed 1 segment" in out
+
+
+def test_a_cache_superseded_by_a_new_fingerprint_of_its_root_is_stale_and_cleaned_up(shm_dir):
+    old, new, other = (secrets.token_hex(32) for _ in range(3))
+    MinIOCache(4096, directory=shm_dir).open(old, 8, "/data/train").close()     # detached, creator alive
+    held = MinIOCache(4096, directory=shm_dir).open(secrets.token_hex(32), 8, "/data/val")
+    current = MinIOCache(4096, directory=shm_dir).open(new, 9, "/data/train")  # the dataset changed
+    newer_val = MinIOCache(4096, directory=shm_dir).open(other, 8, "/data/val")
+    try:
+        out = _cli("cache", "ls", "--dir", shm_dir)
+        stale = [line.split()[0] for line in out.splitlines() if "(stale:" in line]
+        assert stale == sorted([shm.segment_name(old), held.name])
+        out = _cli("cleanup", "--dir", shm_dir)
+        assert f"removed {shm.segment_name(old)}" in out and "removed 1 segment" in out
+        assert set(os.listdir(shm_dir)) == {current.name, held.name, newer_val.name}  # held: attached
+        held.close()
+        assert f"removed {held.name}" in _cli("cleanup", "--dir", shm_dir)
+        assert set(os.listdir(shm_dir)) == {current.name, newer_val.name}
+        assert "(stale" not in _cli("cache", "ls", "--dir", shm_dir)
+    finally:
+        for c in (held, current, newer_val):
+            c.drop()
+
+
+def test_a_half_built_segment_is_stale_by_pid_and_start_time_not_by_pid_alone(shm_dir):
+    me, start = os.getpid(), shm.proc_start(os.getpid())
+    building = f"{shm.PREFIX}{'a' * 16}.tmp-{me}-{start}"       # ours, being built right now
+    reused = f"{shm.PREFIX}{'b' * 16}.tmp-{me}-{start - 1}"     # a dead builder whose pid we reuse
+    for name in (building, reused):
+        open(os.path.join(shm_dir, name), "wb").close()
+    assert shm.tmp_name(shm.PREFIX + "a" * 16) == building
+    out = _cli("cleanup", "--dir", shm_dir)
+    assert f"removed {reused}" in out and building not in out
+    assert os.listdir(shm_dir) == [building]
