@@ -16,8 +16,13 @@ small shared table, `state[worker, slot]`:
                    batch any more (the storage's use count is 1: only the
                    loader's own handle), or at once when pin_memory copied it
 
-Each side writes only its own transition, so no lock is needed (x86-64 keeps
-stores in order; see cache/layout.py for the same argument). A batch the
+Each side writes only its own transition, so no lock is needed on x86-64,
+whose total store order keeps the training process's last reads of a batch
+before its FREE store. A weakly ordered CPU (aarch64, POWER) may let the worker
+see FREE and overwrite the buffer before those reads are done, and nothing
+here orders them, so `BatchPool` refuses to run there (`check_platform`:
+pass ``reuse_buffers=False``). The MinIO cache has no such limit: its readers
+verify a checksum and take the lock on a mismatch (cache/layout.py NOTE). A batch the
 user keeps (a list of batches, gradient accumulation) keeps its slot LENT;
 the worker then allocates a fresh buffer, as torch does, and counts it in
 `stats()["batch_buffers"]`. The buffers are torch's anonymous shared memory
@@ -31,8 +36,12 @@ buffer of a worker that is gone.
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import torch
+
+from .errors import ConfigError
 
 FREE, LENT = 0, 1
 #: Slots per worker beyond prefetch_factor: the batch being written, the one
@@ -49,10 +58,26 @@ def new_shared(nbytes: int) -> torch.UntypedStorage:
     return torch.UntypedStorage._new_shared(nbytes)
 
 
+#: CPUs whose total store order makes the slot table's lock-free hand-over correct.
+TSO_MACHINES = frozenset({"x86_64", "amd64"})
+
+
+def check_platform(machine: str | None = None) -> None:
+    """Raise ConfigError unless this CPU (`platform.machine()`) keeps stores in order (x86-64)."""
+    machine = machine or platform.machine() or "an unknown CPU"
+    if machine.lower() not in TSO_MACHINES:
+        raise ConfigError(
+            f"reuse_buffers=True (the default) hands batch buffers back between processes without a "
+            f"lock, which is correct only on x86-64 (total store order); this machine is {machine}: "
+            "pass coordl.DataLoader(..., reuse_buffers=False), which gives every batch a fresh "
+            "buffer as torch does")
+
+
 class BatchPool:
     """The slot table (shared) and, in a worker, that worker's buffers (process-local)."""
 
     def __init__(self, num_workers: int, slots: int) -> None:
+        check_platform()
         self.state = torch.zeros((num_workers, slots), dtype=torch.uint8).share_memory_()
         self._flags: np.ndarray | None = None
         self._buffers: list[torch.UntypedStorage | None] = []
