@@ -44,33 +44,14 @@ import sys
 import time
 
 import cgroup
+import pagecache
 import report
 
 SIDES = ("pagecache", "minio")
 MiB = 2**20
 
 
-def _evict(paths: list[str]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 # -- the child: one loader, several epochs ---------------------------------------------
-
-def _read_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/io") as f:
-                total += next(int(ln.split()[1]) for ln in f if ln.startswith("read_bytes"))
-        except (OSError, StopIteration):
-            pass
-    return total
-
 
 def child(args) -> None:
     cgroup.join(args.join.split(",") if args.join else [])
@@ -92,14 +73,14 @@ def child(args) -> None:
     try:
         for epoch in range(args.epochs):
             pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
-            before, stats0, t0 = _read_bytes(pids), loader.stats(), time.perf_counter()
+            before, stats0, t0 = pagecache.read_bytes(pids), loader.stats(), time.perf_counter()
             for _ in loader:
                 pass
             seconds = time.perf_counter() - t0
             pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
             stats, mem = loader.stats(), cgroup.read_stat(mem_stat)
             print(json.dumps({
-                "epoch": epoch, "seconds": round(seconds, 3), "read_bytes": _read_bytes(pids) - before,
+                "epoch": epoch, "seconds": round(seconds, 3), "read_bytes": pagecache.read_bytes(pids) - before,
                 "storage_bytes": stats["storage_bytes"] - stats0["storage_bytes"],
                 "cache_hits": stats["cache_hits"] - stats0["cache_hits"],
                 "cache_bytes": stats.get("cache_bytes", 0),
@@ -159,7 +140,7 @@ def orchestrate(args) -> None:
             throttle = (cgroup.disk_of(args.data), int(args.throttle_mbps * MiB))
     tag = f"coordl-bench-{os.getpid()}"
 
-    _evict(paths)
+    pagecache.evict(paths)
     with cgroup.Cgroup(tag, blkio=throttle is not None, read_bps=throttle) as cg:
         calib = _run_child(args, "calibrate", 0.0, cg, 2)
         peak = cg.max_usage()
@@ -172,7 +153,7 @@ def orchestrate(args) -> None:
     runs = []
     for fraction in args.fractions:
         for side in SIDES:
-            _evict(paths)
+            pagecache.evict(paths)
             limit = limit_extra + int(fraction * total)
             cache = coordl.MinIOCache(int(fraction * total)) if side == "minio" else None
             try:
@@ -191,7 +172,7 @@ def orchestrate(args) -> None:
             print(f"bench: f={fraction:.2f} {side:9s} read/epoch after the first: "
                   + ", ".join(f"{e['read_fraction']:.1%}" for e in later)
                   + "; s/epoch: " + ", ".join(f"{e['seconds']:.1f}" for e in later), flush=True)
-    _evict(paths)
+    pagecache.evict(paths)
 
     result = {**facts, "settings": {"fractions": args.fractions, "epochs": args.epochs,
                                     "workers": args.workers, "batch_size": args.batch_size,

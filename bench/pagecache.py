@@ -1,0 +1,31 @@
+"""Storage I/O as the kernel counts it, for the cache benchmarks.
+
+    evict(paths)        drop the files' pages from the page cache (each run starts cold)
+    read_bytes(pids)    bytes those processes read from storage (/proc/<pid>/io read_bytes)
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def evict(paths: list[str]) -> None:
+    """posix_fadvise(DONTNEED) on every file: its clean pages leave the page cache."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def read_bytes(pids: list[int]) -> int:
+    """Sum of read_bytes over `pids` (a process that has exited counts 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/io") as f:
+                total += next(int(ln.split()[1]) for ln in f if ln.startswith("read_bytes"))
+        except (OSError, StopIteration):
+            pass
+    return total
