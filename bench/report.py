@@ -8,8 +8,9 @@ and records where it ran with ``report.machine(cpus)``, ``report.dataset(root)``
 ``report.versions()`` and ``report.command()``. A result file must not name this
 machine: paths inside the repository are written relative to it, any other path
 as ``$BENCH_DATA/<its last part>`` (the folder ``coordl make-dataset`` wrote the
-datasets into), and `write` warns about a machine path or a host name left in
-the text (tests/bench/test_bench_smoke.py checks the committed results).
+datasets into; ``$OUT_DIR`` for an ``--out`` outside the repository), and `write`
+warns about a machine path or a host name left in the text
+(tests/bench/test_bench_smoke.py checks the committed results).
 """
 
 from __future__ import annotations
@@ -28,20 +29,25 @@ DATA = "$BENCH_DATA"
 MACHINE_PATH = re.compile(r"(?<![\w.$])/(?:work|tmp|root|home|mnt|scratch|data)/")
 
 
-def portable(path: str) -> str:
-    """`path` as a result file names it: relative inside the repository, else `$BENCH_DATA/<last part>`."""
+def portable(path: str, outside: str = DATA) -> str:
+    """`path` as a result file names it: relative inside the repository, else `<outside>/<last part>`."""
     full = os.path.abspath(path)
     if full == REPO or full.startswith(REPO + os.sep):
         return os.path.relpath(full, REPO)
-    return f"{DATA}/{os.path.basename(full.rstrip(os.sep))}"
+    return f"{outside}/{os.path.basename(full.rstrip(os.sep))}"
 
 
 def command(argv: list[str] | None = None) -> str:
-    """The command line of this run, portable: `.venv/bin/python bench/x.py ARGS`."""
+    """The command line of this run, portable: `.venv/bin/python bench/x.py ARGS`.
+
+    An absolute path argument goes through `portable`; the value of `--out`
+    outside the repository becomes `$OUT_DIR/<name>`.
+    """
     argv = sys.argv if argv is None else argv
     words = [portable(sys.executable), portable(argv[0])]
-    words += [portable(w) if os.path.isabs(w) else w for w in argv[1:]]
-    return " ".join(w if w.startswith(DATA) else shlex.quote(w) for w in words)
+    for prev, w in zip(argv, argv[1:]):
+        words.append(portable(w, "$OUT_DIR" if prev == "--out" else DATA) if os.path.isabs(w) else w)
+    return " ".join(w if w.startswith("$") else shlex.quote(w) for w in words)
 
 
 def leaks(text: str) -> list[str]:

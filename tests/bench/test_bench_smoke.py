@@ -143,6 +143,8 @@ def test_report_write_and_portable(tmp_path, monkeypatch):
     assert report.portable(os.path.join(REPO, "bench", "results", "x")) == "bench/results/x"
     monkeypatch.setattr(sys, "argv", [os.path.join(BENCH, "loaders.py"), "/x/y/photo", "--out", "a b"])
     assert report.command().endswith("bench/loaders.py $BENCH_DATA/photo --out 'a b'")
+    monkeypatch.setattr(sys, "argv", ["bench/loaders.py", "/x/photo", "--out", "/x/run", "--cpus", "0,1"])
+    assert report.command() == ".venv/bin/python bench/loaders.py $BENCH_DATA/photo --out $OUT_DIR/run --cpus 0,1"
     assert report.leaks("Dataset: /work/bench-data/photo, `flock /tmp/lock`") == ["/work/", "/tmp/"]
     assert report.leaks("$BENCH_DATA/photo bench/results/x /dev/shm/coordl-cache") == []
 
