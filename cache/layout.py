@@ -28,8 +28,14 @@ writer made before unlocking visible to the reader after locking. So a
 reader serves bytes only once they hash to what the writer stored, and marks
 an entry CORRUPT only when it still does not match under the lock. The cost
 on x86-64 is the hash (~10 us for a 100 KiB JPEG); the lock is taken only on
-a mismatch. (Checked by tests/cache/test_checksum.py, which publishes the
-length before the bytes, the order a weak CPU may show, and reads meanwhile.)
+a mismatch. How it was checked: there is no aarch64 machine here, so
+tests/cache/test_minio.py makes that reordering happen on purpose (a writer
+publishes offset, checksum and length before the bytes, holding the lock)
+and shows that a reader meanwhile waits on the lock and serves the complete
+entry, with nothing counted as corrupt. The header needs no more: its
+creator writes it before taking the attach lock and publishing the name, and
+every attacher takes the attach lock (the same inode's lock list, so the
+same kernel lock hand-over) before it reads the header.
 A writer killed between reserve and publish leaks its reservation; nothing
 can read it.
 """
