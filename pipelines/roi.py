@@ -14,7 +14,8 @@ so coordl is at least as strict as Pillow's full decode (`Image.load()`):
   progressive and multi-scan files, the whole file (libjpeg reads every scan
   before the first row). Pillow ignores these warnings.
 - A single-scan file's entropy-coded bytes below the region, which are never
-  decoded, are scanned (memchr, a few us): a marker where only image data may
+  decoded, are scanned (memchr: ~25 us for a whole 100 KiB file, a few us for
+  the eighth of it below a typical crop): a marker where only image data may
   be (any but RSTn, with a restart interval, and EOI) or no EOI at all (a
   truncated file) is an error. Those markers include every one that makes
   Pillow's full decode fail (`broken data stream`).
