@@ -34,6 +34,7 @@ additionally:
 
 from __future__ import annotations
 
+import platform
 import weakref
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -43,7 +44,7 @@ from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, defau
 from torch.utils.data.distributed import DistributedSampler
 
 from . import resume
-from .buffers import EXTRA_SLOTS, BatchPool
+from .buffers import EXTRA_SLOTS, TSO_MACHINES, BatchPool, check_platform
 from .caching import cache_for
 from .coordinator.client import connect
 from .dataset import CoordlDataset, PreparedBatch
@@ -133,7 +134,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         drop_page_cache: read storage without leaving its pages in the page cache
             (default: on when there is a cache).
         coordinator: ``"unix:///path.sock"`` of a `coordl serve` daemon to take batches from.
-        reuse_buffers: workers reuse a batch's shared memory once you dropped it (default True).
+        reuse_buffers: workers reuse a batch's shared memory once you dropped it (default: on
+            x86-64, whose store order makes the lock-free hand-over correct; off elsewhere;
+            True on another CPU is refused, coordl/buffers.py).
         rank, world_size: this process's share of each epoch (default: torch.distributed's
             when it is initialised, else 0 and 1). Not applied when you pass your own
             ``sampler`` or ``batch_sampler`` (e.g. a `DistributedSampler`): that one decides.
@@ -164,7 +167,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         cache=None,
         drop_page_cache: bool | None = None,
         coordinator: str | None = None,
-        reuse_buffers: bool = True,
+        reuse_buffers: bool | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         backend: str = "cpu",
@@ -204,6 +207,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         self._coordl_dataset = coordl_ds
+        if reuse_buffers is None:
+            reuse_buffers = platform.machine().lower() in TSO_MACHINES
+        elif reuse_buffers:
+            check_platform()
         self.reuse_buffers = bool(reuse_buffers)
         self.backend = backend
         self._next_epoch = 0

@@ -24,3 +24,11 @@ def test_x86_64_runs_the_lock_free_path():
     else:
         with pytest.raises(ConfigError, match=platform.machine()):
             BatchPool(2, 3)
+
+
+def test_the_loader_default_follows_the_platform(tiny_root):
+    import coordl
+
+    loader = coordl.DataLoader(coordl.ImageFolder(tiny_root, transform="val", size=16), num_workers=2)
+    assert loader.reuse_buffers is (platform.machine().lower() in ("x86_64", "amd64"))
+    assert coordl.DataLoader([1, 2], reuse_buffers=False).reuse_buffers is False
