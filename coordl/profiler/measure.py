@@ -172,9 +172,11 @@ def evict(paths: Iterable[str]) -> None:
             os.close(fd)
 
 
-def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, int]:
-    """(bytes/s, bytes) of cold whole-file reads of `paths` by `readers` threads at once."""
+def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, float]:
+    """(bytes/s, CPU seconds per file) of cold whole-file reads of `paths` by `readers` threads
+    at once."""
     evict(paths)
+    c0 = _cpu(resource.RUSAGE_SELF)
     total = 0
     lock = threading.Lock()
 
@@ -187,7 +189,7 @@ def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, int]:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=readers) as pool:
         list(pool.map(read, paths))
-    return total / (time.perf_counter() - t0), total
+    return total / (time.perf_counter() - t0), (_cpu(resource.RUSAGE_SELF) - c0) / len(paths)
 
 
 def fill_cache(cache, n_items: int, order: Iterable[int], read: Callable[[int], bytes]) -> int:

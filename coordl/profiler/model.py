@@ -15,12 +15,18 @@ What-if model. Each of the w loader workers fetches then preps its items one
 at a time; the training step consumes batches as they come (prefetching
 overlaps the two). Throughput with a fraction x of the items in the cache:
 
-    loader(x, w)  = w / (t_item(w) + (1 - x) * (t_miss(w) - t_hit))
+    loader(x, w)  = closed_loop(w workers, think = t_item(w) - (1 - x) t_hit,
+                                reading (1 - x) item_bytes per item from storage_bw(k))
     t_item(w)     = w / cached(w)     per-worker seconds per item, all cached, while training
-    t_miss(w)     = w * item_bytes / storage_bw(w)   a cold read with w readers sharing storage
     t_hit         = item_bytes / memory_bw
-    cpu(w)        = cores / (train_cpu + prep_cpu(w))   every CPU second is someone's
-    rate(x, w)    = min(ingestion, loader(x, w), cpu(w))
+    cpu(x, w)     = cores / (train_cpu + prep_cpu(w) + (1 - x) fetch_cpu)  every CPU second is someone's
+    rate(x, w)    = min(ingestion, loader(x, w), cpu(x, w))
+
+closed_loop is the exact mean value analysis of w workers that alternate
+between their own work and reads from one shared storage whose bandwidth with
+k readers is the measured storage_bw(k): a single worker waits for each read
+in full (1 / (think + bytes / bw)), many workers overlap their reads with each
+other's work until storage delivers all it can (bw / bytes).
 
 cached(w) is the measured training throughput with every item cached: when
 it is below the ingestion rate the loader set that pace, so it is the
@@ -50,6 +56,7 @@ class Inputs:
     prep_cpu: tuple[float, ...]      # CPU seconds per sample of the loader (workers + main), at 1..W
     storage_bw: tuple[float, ...]    # bytes/s of cold reads with 1..W concurrent readers
     memory_bw: float                 # bytes/s of reads out of the MinIO cache
+    fetch_cpu: float                 # CPU seconds per cold read of one item (kernel and Python)
     item_bytes: float                # mean encoded bytes per item
     cores: int                       # CPUs this process may run on
 
@@ -59,7 +66,7 @@ class Inputs:
             raise ValueError("prep_alone, cached, prep_cpu and storage_bw need one value per worker count 1..W")
         values = (self.ingestion, self.memory_bw, self.item_bytes, *self.prep_alone, *self.cached,
                   *self.storage_bw)
-        if min(values) <= 0 or self.cores < 1 or min(self.train_cpu, *self.prep_cpu) < 0:
+        if min(values) <= 0 or self.cores < 1 or min(self.train_cpu, self.fetch_cpu, *self.prep_cpu) < 0:
             raise ValueError(f"rates, bandwidths and sizes must be > 0 and CPU costs >= 0: {self}")
 
     @property
@@ -101,13 +108,36 @@ def limits(inp: Inputs, cache_fraction: float, workers: int) -> Limits:
         raise ValueError(f"cache_fraction={cache_fraction} must be in [0, 1]")
     if workers < 1:
         raise ValueError(f"workers={workers} must be >= 1")
-    t_item = 1.0 / inp.worker_speed(workers)
-    t_miss = workers * inp.item_bytes / inp._at(inp.storage_bw, workers)
+    miss = 1.0 - cache_fraction
     t_hit = inp.item_bytes / inp.memory_bw
-    loader = workers / (t_item + (1.0 - cache_fraction) * max(t_miss - t_hit, 0.0))
-    cpu_per_sample = inp.train_cpu + inp._at(inp.prep_cpu, workers)
+    think = max(1.0 / inp.worker_speed(workers) - miss * t_hit, 1e-12)
+    loader = closed_loop(workers, think, miss * inp.item_bytes,
+                         lambda k: inp._at(inp.storage_bw, k))
+    cpu_per_sample = inp.train_cpu + inp._at(inp.prep_cpu, workers) + miss * inp.fetch_cpu
     cpu = inp.cores / cpu_per_sample if cpu_per_sample > 0 else float("inf")
     return Limits(inp.ingestion, loader, cpu)
+
+
+def closed_loop(workers: int, think: float, bytes_per_item: float, storage_bw) -> float:
+    """Items/s of `workers` workers that each spend `think` seconds per item on their own and
+    read `bytes_per_item` (on average) from a storage shared by all of them, which delivers
+    `storage_bw(k)` bytes/s while k of them read. Exact mean value analysis of that closed
+    network (one delay station, one load-dependent queue): one worker gets
+    1 / (think + bytes / storage_bw(1)); many approach storage_bw / bytes_per_item."""
+    if bytes_per_item <= 0:
+        return workers / think
+
+    def mu(k: int) -> float:  # items/s the storage completes with k readers
+        return storage_bw(k) / bytes_per_item
+
+    p = [1.0]  # p[k]: probability of k workers at the storage, with one worker fewer
+    x = 0.0
+    for n in range(1, workers + 1):
+        residence = sum(k / mu(k) * p[k - 1] for k in range(1, n + 1))
+        x = n / (think + residence)
+        p = [0.0] + [x / mu(k) * p[k - 1] for k in range(1, n + 1)]
+        p[0] = max(0.0, 1.0 - sum(p[1:]))
+    return x
 
 
 def predict(inp: Inputs, cache_fraction: float, workers: int) -> float:

@@ -39,7 +39,7 @@ def table(r) -> str:
         f"  memory (reads out of the MinIO cache): {m['memory_bw'] / MiB:.0f} MiB/s",
         f"  CPU per sample: train step {m['inputs']['train_cpu'] * 1e3:.2f} ms, loader "
         + ", ".join(f"{c * 1e3:.2f} ms ({k}w)" for k, c in enumerate(m["inputs"]["prep_cpu"], 1))
-        + f"; {m['inputs']['cores']} cores",
+        + f", a cold read {m['inputs']['fetch_cpu'] * 1e3:.2f} ms; {m['inputs']['cores']} cores",
         f"  CPU use, profiled run: {m['cpu_cores_busy']:.2f} cores busy; memory: training process "
         f"max RSS {_mib(m['max_rss_main_bytes'])}, largest worker {_mib(m['max_rss_worker_bytes'])}, "
         f"cache {_mib(s['cache_bytes'])}",

@@ -138,7 +138,8 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     ingest = measure.train_rate(measure.cycle(synth, WARMUP + s.steps), train_step, WARMUP, s.steps,
                                 s.batch_size, s.sync, "ingestion (synthetic batches)", s.progress)
     sample_paths = _storage_sample(s)
-    storage_bw = [measure.storage_bandwidth(sample_paths, w)[0] for w in range(1, W + 1)]
+    reads = [measure.storage_bandwidth(sample_paths, w) for w in range(1, W + 1)]
+    storage_bw = [bw for bw, _cpu in reads]
 
     full = s.cache("all", s.total_bytes)
     measure.evict(s.paths)
@@ -156,7 +157,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
         ingestion=ingest.rate, train_cpu=ingest.cpu_self,
         prep_alone=tuple(t.rate for t in alone), cached=tuple(t.rate for t in cached),
         prep_cpu=tuple(t.cpu_self + t.cpu_children for t in alone),
-        storage_bw=tuple(storage_bw), memory_bw=memory_bw,
+        storage_bw=tuple(storage_bw), memory_bw=memory_bw, fetch_cpu=reads[0][1],
         item_bytes=s.total_bytes / len(s.ds), cores=len(os.sched_getaffinity(0)))
 
     fraction = min(cache_bytes / s.total_bytes, 1.0)
