@@ -82,9 +82,11 @@ def _raise_exit(signum, _frame) -> None:
               help="Write a PNG of the what-if curves here (needs matplotlib: pip install coordl[profile]).")
 @click.option("--validate", is_flag=True, help="Measure two predictions (another cache size, "
                                                "another worker count) and report the error.")
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="Rounds of every timed run, interleaved; the median is kept (busy machines: 3).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_bytes, device, threads,
-                json_out, plot_out, validate, seed):
+                json_out, plot_out, validate, repeats, seed):
     import torch
 
     import coordl
@@ -115,7 +117,7 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
     signal.signal(signal.SIGTERM, _raise_exit)
     try:
         result = profile(step, ds, batch_size=batch_size, num_workers=workers, steps=steps,
-                         cache_bytes=nbytes, device=device, validate=validate, seed=seed,
+                         cache_bytes=nbytes, device=device, validate=validate, repeats=repeats, seed=seed,
                          settings={"model": label, "torch_threads": torch.get_num_threads()})
     except KeyboardInterrupt:
         click.echo("coordl profile: interrupted; its temporary caches are removed", err=True)

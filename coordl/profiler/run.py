@@ -104,7 +104,8 @@ class _Session:
 
 def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: int = 2, *,
             steps: int = 10, cache_bytes: int = 0, device: str = "cpu", validate: bool = False,
-            progress: bool = True, seed: int = 0, settings: dict | None = None) -> ProfileResult:
+            repeats: int = 1, progress: bool = True, seed: int = 0,
+            settings: dict | None = None) -> ProfileResult:
     """Profile `train_step` fed from `dataset`: rates, stall shares and what-if predictions.
 
     Args:
@@ -120,23 +121,30 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
             boundaries when it is a CUDA device).
         validate: also measure two configurations the model predicts (another cache size,
             another worker count) and report predicted against measured.
+        repeats: rounds of every timed run (interleaved: round 1 of all, then round 2, ...);
+            the median of each is kept. More rounds for a busy, noisy machine.
         progress: tqdm bars on stderr.
     """
     dev = _check(dataset, batch_size, num_workers, steps, device)
     if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
         raise ConfigError(f"cache_bytes={cache_bytes!r} must be an int >= 0 (0: no cache)")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats={repeats!r} must be an int >= 1")
     with ExitStack() as stack:
         s = _Session(dataset, batch_size, steps, dev, progress, seed, stack)
-        return _profile(s, train_step, num_workers, cache_bytes, dev, validate, settings or {})
+        return _profile(s, train_step, num_workers, cache_bytes, dev, validate, settings or {}, repeats)
+
+
+def _median(runs: list[measure.Timed]) -> measure.Timed:
+    """The run with the median rate (the lower middle one of an even number)."""
+    return sorted(runs, key=lambda t: t.rate)[(len(runs) - 1) // 2]
 
 
 def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: bool,
-             settings: dict) -> ProfileResult:
+             settings: dict, repeats: int) -> ProfileResult:
     sample, _label = s.ds[0]
     synth = measure.synthetic_batches(tuple(sample.shape), len(getattr(s.ds, "classes", [])) or 10,
                                       s.batch_size)
-    ingest = measure.train_rate(measure.cycle(synth, WARMUP + s.steps), train_step, WARMUP, s.steps,
-                                s.batch_size, s.sync, "ingestion (synthetic batches)", s.progress)
     sample_paths = _storage_sample(s)
     reads = [measure.storage_bandwidth(sample_paths, w) for w in range(1, W + 1)]
     storage_bw = [bw for bw, _cpu in reads]
@@ -146,44 +154,65 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     measure.fill_cache(full, len(s.ds), range(len(s.ds)),
                        lambda i: storage.read_file(s.paths[i], drop_page_cache=True))
     memory_bw = measure.memory_bandwidth(full, len(s.ds))
-    alone, cached = [], []
-    for w in range(1, W + 1):
-        alone.append(s.run(w, full, None, f"prep alone, all cached, {w} workers"))
-        cached.append(s.run(w, full, train_step, f"train, all cached, {w} workers"))
-    for t in alone + cached:
-        if t.stats.get("storage_reads", 0):
-            raise RuntimeError(f"the all-cached run read {t.stats['storage_reads']} items from storage")
+    fraction = min(cache_bytes / s.total_bytes, 1.0)
+    profiled_cache, x0 = s.partial_cache("profiled", fraction, full)
+    configs = []
+    if validate:
+        x1 = 0.5 if abs(x0 - 0.5) > 0.2 else 0.0
+        w1 = W - 1 if W > 1 else W + 1
+        vcache, x1 = s.partial_cache("validate", x1, full)
+        configs = [(x1, W, vcache), (x0, w1, profiled_cache)]
+
+    # every round measures everything once, so that a machine that gets busier or quieter
+    # meanwhile moves all of them alike; the median of the rounds is kept
+    rounds: dict[str, list[measure.Timed]] = {}
+    for r in range(repeats):
+        tag = f" [{r + 1}/{repeats}]" if repeats > 1 else ""
+        for key, t in _one_round(s, synth, train_step, W, full, profiled_cache, x0, configs, tag):
+            rounds.setdefault(key, []).append(t)
+    got = {key: _median(runs) for key, runs in rounds.items()}
+    ingest, profiled = got["ingest"], got["profiled"]
+    alone = [got[f"alone{w}"] for w in range(1, W + 1)]
+    cached = [got[f"cached{w}"] for w in range(1, W + 1)]
+    for key, runs in rounds.items():
+        if key.startswith(("alone", "cached")) and any(t.stats.get("storage_reads", 0) for t in runs):
+            raise RuntimeError(f"an all-cached run ({key}) read items from storage")
     inputs = model.Inputs(
         ingestion=ingest.rate, train_cpu=ingest.cpu_self,
         prep_alone=tuple(t.rate for t in alone), cached=tuple(t.rate for t in cached),
         prep_cpu=tuple(t.cpu_self + t.cpu_children for t in alone),
         storage_bw=tuple(storage_bw), memory_bw=memory_bw, fetch_cpu=reads[0][1],
         item_bytes=s.total_bytes / len(s.ds), cores=len(os.sched_getaffinity(0)))
-
-    fraction = min(cache_bytes / s.total_bytes, 1.0)
-    profiled_cache, x0 = s.partial_cache("profiled", fraction, full)
-    profiled = s.run(W, profiled_cache, train_step, f"train, profiled ({x0:.0%} cached), {W} workers")
-
-    validation = []
-    if validate:
-        x1 = 0.5 if abs(x0 - 0.5) > 0.2 else 0.0
-        w1 = W - 1 if W > 1 else W + 1
-        vcache, x1 = s.partial_cache("validate", x1, full)
-        for x, w, c in ((x1, W, vcache), (x0, w1, profiled_cache)):
-            t = s.run(w, c, train_step, f"validate: {x:.0%} cached, {w} workers")
-            validation.append({"config": {"cache_fraction": round(x, 4), "workers": w},
-                               "predicted": model.predict(inputs, x, w), "measured": t.rate})
+    validation = [{"config": {"cache_fraction": round(x, 4), "workers": w},
+                   "predicted": model.predict(inputs, x, w), "measured": got[f"validate{k}"].rate,
+                   "measured_rounds": [t.rate for t in rounds[f"validate{k}"]]}
+                  for k, (x, w, _c) in enumerate(configs)]
     result = ProfileResult.build(
         settings={**settings, "batch_size": s.batch_size, "workers": W, "steps": s.steps,
-                  "warmup_steps": WARMUP, "cache_bytes": cache_bytes, "device": str(dev),
-                  "dataset": str(s.ds.root), "items": len(s.ds), "dataset_bytes": s.total_bytes},
+                  "warmup_steps": WARMUP, "repeats": repeats, "cache_bytes": cache_bytes,
+                  "device": str(dev), "dataset": str(s.ds.root), "items": len(s.ds),
+                  "dataset_bytes": s.total_bytes},
         inputs=inputs, ingest=ingest, alone=alone, cached=cached, profiled=profiled,
         profiled_fraction=x0, validation=validation)
     result.measured.update(
+        rounds={key: [t.rate for t in runs] for key, runs in rounds.items()},
         cpu_cores_busy=(profiled.cpu_self + profiled.cpu_children) * profiled.rate,
         max_rss_main_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         max_rss_worker_bytes=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
     return result
+
+
+def _one_round(s: _Session, synth, train_step, W, full, profiled_cache, x0, configs, tag):
+    """Each timed run once, in order: (key, Timed)."""
+    yield "ingest", measure.train_rate(measure.cycle(synth, WARMUP + s.steps), train_step, WARMUP,
+                                       s.steps, s.batch_size, s.sync, "ingestion (synthetic batches)" + tag,
+                                       s.progress)
+    for w in range(1, W + 1):
+        yield f"alone{w}", s.run(w, full, None, f"prep alone, all cached, {w}w" + tag)
+        yield f"cached{w}", s.run(w, full, train_step, f"train, all cached, {w}w" + tag)
+    yield "profiled", s.run(W, profiled_cache, train_step, f"train, profiled ({x0:.0%} cached), {W}w" + tag)
+    for k, (x, w, c) in enumerate(configs):
+        yield f"validate{k}", s.run(w, c, train_step, f"validate: {x:.0%} cached, {w}w" + tag)
 
 
 def _storage_sample(s: _Session) -> list[str]:
