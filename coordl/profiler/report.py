@@ -86,7 +86,11 @@ def plot(r, path: str) -> str:
     ax1.plot([m["profiled"]["cache_fraction"] * 100, 100], [r.rates["fetch"], r.rates["prep"]], "o",
              label="measured")
     ws = [row["workers"] for row in w["by_workers"]]
-    ax2.plot(ws, [row["predicted"] for row in w["by_workers"]], "-", label="predicted")
+    ax2.plot(ws, [row["predicted"] for row in w["by_workers"]], "-",
+             label=f"predicted, {m['profiled']['cache_fraction']:.0%} cached")
+    if "by_workers_all_cached" in w:
+        ax2.plot(ws, [row["predicted"] for row in w["by_workers_all_cached"]], "--", color="C1",
+                 label="predicted, all cached")
     ax2.plot([p["workers"] for p in m["train_cached_by_workers"]],
              [p["samples_per_s"] for p in m["train_cached_by_workers"]], "s", label="measured, all cached")
     ax2.plot([s["workers"]], [r.rates["fetch"]], "o", label="measured, profiled run")
@@ -104,7 +108,7 @@ def plot(r, path: str) -> str:
         ax.legend(fontsize=8)
     ax1.set_xlabel(f"cache size, % of the dataset ({s['workers']} workers)")
     ax2.set_xlabel(f"prep workers ({m['profiled']['cache_fraction']:.0%} cached)")
-    ax2.plot(ws, [row["predicted"] for row in w["by_workers"]], "-", color="C0")
+    ax2.set_xticks(ws)
     fig.suptitle(f"coordl profile: {s['dataset']}, batch {s['batch_size']}, device {s['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

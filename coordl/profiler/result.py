@@ -57,6 +57,8 @@ class ProfileResult:
                             "bound": model.limits(inputs, profiled_fraction, w).bound}
                            for w, r in model.what_if_workers(inputs, profiled_fraction,
                                                              list(range(1, max_w + 1)))],
+            "by_workers_all_cached": [{"workers": w, "cache_fraction": 1.0, "predicted": r}
+                                      for w, r in model.what_if_workers(inputs, 1.0, list(range(1, max_w + 1)))],
             "smallest_cache": _smallest_cache(inputs, W, settings["dataset_bytes"]),
             "fewest_workers": {
                 "prep_stall": fewest,
