@@ -279,6 +279,8 @@ def main() -> None:
     ap.add_argument("--root", default=None, help="where the tree is built (default /tmp/coordl-scale-FILES)")
     ap.add_argument("--loader-items", type=int, default=100_000)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rows", default=None, help="comma-separated start-up rows only (tv,stat,first,...): "
+                    "skips the loader and index figures")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=8, help=argparse.SUPPRESS)
@@ -296,16 +298,21 @@ def main() -> None:
                  else "not measured (drop_caches needs root)", "rows": {}}
     measure("first", root, store, 8, False)       # so that restart/rescan/sample find a manifest
     for key, kind, threads, label in ROWS:
+        if a.rows and key not in a.rows.split(","):
+            continue
         cold = measure(kind, root, store, threads, True)["s"] if can_drop else None
         warm = [measure(kind, root, store, threads, False) for _ in range(2)]
         res["rows"][key] = {"label": label, "cold_s": cold, "warm_s": min(w["s"] for w in warm),
                             "scans": {k: warm[-1].get(k) for k in ("walks", "loads")}}
         print(f"{label}: cold {_fmt(cold)} warm {_fmt(res['rows'][key]['warm_s'])}", flush=True)
+    res["machine"] = report.machine(list(range(os.cpu_count() or 1)))
+    res["command"] = report.command()
+    if a.rows:
+        print(json.dumps(res["rows"], indent=1))
+        return
     res["loader"] = {w: loader_memory(root, store, w, a.loader_items) for w in ("coordl", "torch")}
     print(f"loader: {res['loader']}", flush=True)
     res["index"] = index_figures(root, store)
-    res["machine"] = report.machine(list(range(os.cpu_count() or 1)))
-    res["command"] = report.command()
     report.write(a.out, res, markdown(res))
 
 

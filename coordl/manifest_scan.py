@@ -9,7 +9,9 @@ list each file once. Class folders are independent, so they are walked by a
 small thread pool: `scandir` and `stat` release the GIL, which pays when the
 metadata is not in memory (cold page cache, network filesystems).
 
-Relative paths are built per folder, not per file: ``prefix + prefix.join(names)``
+Files are stat'ed in inode order (DirEntry.inode() comes with the listing, at no
+cost), which reads a cold inode table front to back, then put in name order by
+one permutation. Relative paths are built per folder, not per file: ``prefix + prefix.join(names)``
 is the concatenation of every ``prefix + name`` in one C call, and their
 lengths come from ``len`` mapped over the names (one encode per folder checks
 that they are ASCII; otherwise each name is encoded once). File metadata is
@@ -121,14 +123,20 @@ def _walk_class(root: str, cls: str, exts: tuple[str, ...] | None,
             files = [e for e in files if is_valid_file(e.path)]
         elif exts is not None:
             files = [e for e in files if e.name.lower().endswith(exts)]
-        files.sort(key=attrgetter("name"))
         dirs.append(rec)
         if files:
+            # stat in inode order (the inode table is read front to back when cold), then put
+            # everything in name order with one permutation
+            files.sort(key=os.DirEntry.inode)
+            stats = _columns(_stat_all([e.path for e in files]))
             names = [e.name for e in files]
+            order = sorted(range(len(names)), key=names.__getitem__)
+            names = [names[i] for i in order]
             blob, lens = _encode(rel + "/", names)
             blobs.append(blob)
             lengths.append(lens)
-            cols.append(_columns(_stat_all([e.path for e in files])))
+            perm = np.array(order, dtype=np.int64)
+            cols.append(tuple(c[perm] for c in stats))
         # pushed in reverse so that they are popped (listed) in sorted order
         stack.extend(os.path.join(rel, e.name) for e in sorted(subdirs, key=attrgetter("name"), reverse=True))
     return blobs, lengths, cols, dirs
