@@ -65,7 +65,7 @@ def _loader(root: str, transform: str, batch: int, workers: int, backend: str, d
                                num_workers=workers, backend=backend,
                                persistent_workers=backend == "cpu" and workers > 0)
     if backend == "dali":
-        loader.dali_device = device
+        loader.dali_device = device  # (same as DataLoader(..., dali_device=device))
     return loader
 
 

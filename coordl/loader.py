@@ -142,6 +142,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             ``sampler`` or ``batch_sampler`` (e.g. a `DistributedSampler`): that one decides.
         backend: ``"cpu"`` (coordl's pipeline in worker processes) or ``"dali"``
             (NVIDIA DALI fed from coordl's reader and caches; coordl/dali_loader.py).
+        dali_device: with ``backend="dali"``: ``"cpu"`` (default; device_id=None) or ``"gpu"``
+            (nvJPEG ``mixed`` decode and GPU resize; needs a CUDA GPU).
     """
 
     def __init__(
@@ -171,6 +173,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         rank: int | None = None,
         world_size: int | None = None,
         backend: str = "cpu",
+        dali_device: str = "cpu",
     ) -> None:
         _record_for_lightning(self, {k: v for k, v in locals().items() if k not in ("self", "__class__")})
         coordl_ds = is_coordl_dataset(dataset)
@@ -213,6 +216,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             check_platform()
         self.reuse_buffers = bool(reuse_buffers)
         self.backend = backend
+        if dali_device not in ("cpu", "gpu"):
+            raise ConfigError(f"dali_device={dali_device!r} must be 'cpu' or 'gpu' (DALI's mixed decode)")
+        self.dali_device = dali_device
         self._next_epoch = 0
         self.epoch = -1
         self._skip = 0        # batches of the next epoch already received (load_state_dict)
