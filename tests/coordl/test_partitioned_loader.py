@@ -226,3 +226,20 @@ def test_a_server_stopped_mid_epoch_then_restarted(cluster):
     back = c.epoch()
     assert c.total(back, "storage_bytes") == 0
     assert back[2]["local_hits"] == sum(c.owner[i] == 2 for i in back[2]["items"])
+
+
+def test_spawned_workers_get_the_cache_by_pickle(redis_nodes, root):
+    node = redis_nodes()
+    ds = coordl.ImageFolder(root, transform="val", size=SIZE)
+    cache = PartitionedCache([node.url], 0)
+    loader = coordl.DataLoader(ds, batch_size=BATCH, num_workers=1, multiprocessing_context="spawn",
+                               persistent_workers=True, cache=cache)
+    first = [x.clone() for x, _ in loader]
+    s1 = loader.stats()
+    assert s1["storage_reads"] == ITEMS and s1["cache_inserts"] == ITEMS and s1["cache_items"] == ITEMS
+    second = [x.clone() for x, _ in loader]
+    s2 = loader.stats()
+    assert s2["storage_bytes"] == s1["storage_bytes"] and s2["local_hits"] == ITEMS
+    assert all(a.equal(b) for a, b in zip(first, second))
+    del loader
+    cache.close()
