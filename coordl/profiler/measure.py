@@ -8,7 +8,7 @@
   are not persistent, so they are reaped when the run ends).
 - `storage_bandwidth`: cold reads of whole files by 1..W threads; the files'
   pages are dropped before (``posix_fadvise(DONTNEED)``, no root needed) and
-  after each read.
+  after each read. `read_latency`: single cold reads, spaced out.
 - `memory_bandwidth`: copies of every item out of the MinIO cache.
 """
 
@@ -190,6 +190,19 @@ def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, float]:
     with ThreadPoolExecutor(max_workers=readers) as pool:
         list(pool.map(read, paths))
     return total / (time.perf_counter() - t0), (_cpu(resource.RUSAGE_SELF) - c0) / len(paths)
+
+
+def read_latency(paths: list[str], gap: float = 0.02) -> float:
+    """Median seconds of one cold whole-file read, the reads `gap` seconds apart (an idle storage)."""
+    evict(paths)
+    times = []
+    for p in paths:
+        time.sleep(gap)
+        t0 = time.perf_counter()
+        storage.read_file(p, drop_page_cache=True)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
 
 
 def fill_cache(cache, n_items: int, order: Iterable[int], read: Callable[[int], bytes]) -> int:

@@ -15,18 +15,22 @@ What-if model. Each of the w loader workers fetches then preps its items one
 at a time; the training step consumes batches as they come (prefetching
 overlaps the two). Throughput with a fraction x of the items in the cache:
 
-    loader(x, w)  = closed_loop(w workers, think = t_item(w) - (1 - x) t_hit,
-                                reading (1 - x) item_bytes per item from storage_bw(k))
-    t_item(w)     = w / cached(w)     per-worker seconds per item, all cached, while training
-    t_hit         = item_bytes / memory_bw
-    cpu(x, w)     = cores / (train_cpu + prep_cpu(w) + (1 - x) fetch_cpu)  every CPU second is someone's
-    rate(x, w)    = min(ingestion, loader(x, w), cpu(x, w))
+    workers(x, w) = w / (t_item(w) + (1 - x) * (read_latency - t_hit))
+    storage(x, w) = storage_bw(w) / ((1 - x) * item_bytes)
+    cpu(x, w)     = cores / (train_cpu + prep_cpu(w) + (1 - x) * fetch_cpu)
+    rate(x, w)    = min(ingestion, workers(x, w), storage(x, w), cpu(x, w))
 
-closed_loop is the exact mean value analysis of w workers that alternate
-between their own work and reads from one shared storage whose bandwidth with
-k readers is the measured storage_bw(k): a single worker waits for each read
-in full (1 / (think + bytes / bw)), many workers overlap their reads with each
-other's work until storage delivers all it can (bw / bytes).
+    t_item(w)     = w / cached(w)   per-worker seconds per item, all cached, while training
+    t_hit         = item_bytes / memory_bw
+
+A worker waits for each of its reads (read_latency: one cold read on an idle
+storage); the storage as a whole delivers at most storage_bw(w), measured
+with w readers streaming at once. Storage is a bandwidth with a latency, not
+a server that makes every read wait bytes / bandwidth: an SSD serves many
+reads at once, and a throttled disk (blkio) lends a reader the bandwidth it
+left unused while it was decoding. (Measured here: one worker read at the
+full 20 MiB/s of a throttle while it also decoded, which a server model
+would put at half of that.)
 
 cached(w) is the measured training throughput with every item cached: when
 it is below the ingestion rate the loader set that pace, so it is the
@@ -34,7 +38,7 @@ workers' speed with the train step competing for the same CPUs. When it is at
 the ingestion rate the loader had slack, and the loader-alone rate is the
 workers' speed. cached, prep_alone, prep_cpu and storage_bw are measured at
 1..W; above W the per-worker speed and the storage bandwidth at W are carried
-on, so more workers than measured help until cpu(w) binds.
+on, so more workers than measured help until the CPUs or the storage bind.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class Inputs:
     prep_cpu: tuple[float, ...]      # CPU seconds per sample of the loader (workers + main), at 1..W
     storage_bw: tuple[float, ...]    # bytes/s of cold reads with 1..W concurrent readers
     memory_bw: float                 # bytes/s of reads out of the MinIO cache
+    read_latency: float              # seconds of one cold read of an item on an idle storage
     fetch_cpu: float                 # CPU seconds per cold read of one item (kernel and Python)
     item_bytes: float                # mean encoded bytes per item
     cores: int                       # CPUs this process may run on
@@ -64,7 +69,7 @@ class Inputs:
         n = len(self.prep_alone)
         if n == 0 or not len(self.cached) == len(self.prep_cpu) == len(self.storage_bw) == n:
             raise ValueError("prep_alone, cached, prep_cpu and storage_bw need one value per worker count 1..W")
-        values = (self.ingestion, self.memory_bw, self.item_bytes, *self.prep_alone, *self.cached,
+        values = (self.ingestion, self.memory_bw, self.item_bytes, self.read_latency, *self.prep_alone, *self.cached,
                   *self.storage_bw)
         if min(values) <= 0 or self.cores < 1 or min(self.train_cpu, self.fetch_cpu, *self.prep_cpu) < 0:
             raise ValueError(f"rates, bandwidths and sizes must be > 0 and CPU costs >= 0: {self}")
@@ -90,17 +95,19 @@ class Limits:
     """The three bounds of one prediction, samples/s; `rate` is the smallest."""
 
     ingestion: float
-    loader: float
+    workers: float
+    storage: float
     cpu: float
 
     @property
     def rate(self) -> float:
-        return min(self.ingestion, self.loader, self.cpu)
+        return min(self.ingestion, self.workers, self.storage, self.cpu)
 
     @property
     def bound(self) -> str:
-        """'model', 'loader' (prep or fetch) or 'cpu', whichever sets the rate."""
-        return min((self.ingestion, "model"), (self.loader, "loader"), (self.cpu, "cpu"))[1]
+        """'model', 'workers' (their prep and read latency), 'storage' (bandwidth) or 'cpu'."""
+        return min((self.ingestion, "model"), (self.workers, "workers"), (self.storage, "storage"),
+                   (self.cpu, "cpu"))[1]
 
 
 def limits(inp: Inputs, cache_fraction: float, workers: int) -> Limits:
@@ -110,34 +117,11 @@ def limits(inp: Inputs, cache_fraction: float, workers: int) -> Limits:
         raise ValueError(f"workers={workers} must be >= 1")
     miss = 1.0 - cache_fraction
     t_hit = inp.item_bytes / inp.memory_bw
-    think = max(1.0 / inp.worker_speed(workers) - miss * t_hit, 1e-12)
-    loader = closed_loop(workers, think, miss * inp.item_bytes,
-                         lambda k: inp._at(inp.storage_bw, k))
+    per_item = 1.0 / inp.worker_speed(workers) + miss * max(inp.read_latency - t_hit, 0.0)
+    storage = inp._at(inp.storage_bw, workers) / (miss * inp.item_bytes) if miss > 0 else float("inf")
     cpu_per_sample = inp.train_cpu + inp._at(inp.prep_cpu, workers) + miss * inp.fetch_cpu
     cpu = inp.cores / cpu_per_sample if cpu_per_sample > 0 else float("inf")
-    return Limits(inp.ingestion, loader, cpu)
-
-
-def closed_loop(workers: int, think: float, bytes_per_item: float, storage_bw) -> float:
-    """Items/s of `workers` workers that each spend `think` seconds per item on their own and
-    read `bytes_per_item` (on average) from a storage shared by all of them, which delivers
-    `storage_bw(k)` bytes/s while k of them read. Exact mean value analysis of that closed
-    network (one delay station, one load-dependent queue): one worker gets
-    1 / (think + bytes / storage_bw(1)); many approach storage_bw / bytes_per_item."""
-    if bytes_per_item <= 0:
-        return workers / think
-
-    def mu(k: int) -> float:  # items/s the storage completes with k readers
-        return storage_bw(k) / bytes_per_item
-
-    p = [1.0]  # p[k]: probability of k workers at the storage, with one worker fewer
-    x = 0.0
-    for n in range(1, workers + 1):
-        residence = sum(k / mu(k) * p[k - 1] for k in range(1, n + 1))
-        x = n / (think + residence)
-        p = [0.0] + [x / mu(k) * p[k - 1] for k in range(1, n + 1)]
-        p[0] = max(0.0, 1.0 - sum(p[1:]))
-    return x
+    return Limits(inp.ingestion, workers / per_item, storage, cpu)
 
 
 def predict(inp: Inputs, cache_fraction: float, workers: int) -> float:

@@ -36,7 +36,8 @@ def table(r) -> str:
         + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m["train_cached_by_workers"]),
         "  storage, cold reads: "
         + ", ".join(f"{k} readers {b / MiB:.1f} MiB/s" for k, b in enumerate(m["storage_bw_by_readers"], 1)),
-        f"  memory (reads out of the MinIO cache): {m['memory_bw'] / MiB:.0f} MiB/s",
+        f"  storage, one cold read on idle storage: {m['inputs']['read_latency'] * 1e3:.2f} ms; "
+        f"memory (reads out of the MinIO cache): {m['memory_bw'] / MiB:.0f} MiB/s",
         f"  CPU per sample: train step {m['inputs']['train_cpu'] * 1e3:.2f} ms, loader "
         + ", ".join(f"{c * 1e3:.2f} ms ({k}w)" for k, c in enumerate(m["inputs"]["prep_cpu"], 1))
         + f", a cold read {m['inputs']['fetch_cpu'] * 1e3:.2f} ms; {m['inputs']['cores']} cores",

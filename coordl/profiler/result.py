@@ -47,9 +47,9 @@ class ProfileResult:
         max_w = max(2 * W, inputs.cores + 2, 4)
         fewest = model.fewest_workers(inputs, 1.0, max_w)
         what_if = {
-            "model": "rate(x, w) = min(ingestion, closed_loop(w workers, t_item(w), (1 - x) item_bytes, "
-                     "storage_bw(k)), cores / (train_cpu + prep_cpu(w) + (1 - x) fetch_cpu)): "
-                     "coordl/profiler/model.py",
+            "model": "rate(x, w) = min(ingestion, w / (t_item(w) + (1 - x) read_latency), "
+                     "storage_bw(w) / ((1 - x) item_bytes), cores / (train_cpu + prep_cpu(w) + "
+                     "(1 - x) fetch_cpu)): coordl/profiler/model.py",
             "by_cache": [{"cache_fraction": f, "cache_bytes": round(f * settings["dataset_bytes"]),
                           "workers": W, "predicted": r, "bound": model.limits(inputs, f, W).bound}
                          for f, r in model.what_if_cache(inputs, W, CACHE_FRACTIONS)],

@@ -30,6 +30,7 @@ from .result import ProfileResult
 
 WARMUP = 2
 STORAGE_SAMPLE_BYTES = 24 * 2**20   # bytes read per storage-bandwidth measurement
+LATENCY_READS = 24                  # single cold reads timed for the read latency
 
 
 def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) -> torch.device:
@@ -148,6 +149,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     sample_paths = _storage_sample(s)
     reads = [measure.storage_bandwidth(sample_paths, w) for w in range(1, W + 1)]
     storage_bw = [bw for bw, _cpu in reads]
+    latency = measure.read_latency(sample_paths[:LATENCY_READS])
 
     full = s.cache("all", s.total_bytes)
     measure.evict(s.paths)
@@ -181,7 +183,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
         ingestion=ingest.rate, train_cpu=ingest.cpu_self,
         prep_alone=tuple(t.rate for t in alone), cached=tuple(t.rate for t in cached),
         prep_cpu=tuple(t.cpu_self + t.cpu_children for t in alone),
-        storage_bw=tuple(storage_bw), memory_bw=memory_bw, fetch_cpu=reads[0][1],
+        storage_bw=tuple(storage_bw), memory_bw=memory_bw, fetch_cpu=reads[0][1], read_latency=latency,
         item_bytes=s.total_bytes / len(s.ds), cores=len(os.sched_getaffinity(0)))
     validation = [{"config": {"cache_fraction": round(x, 4), "workers": w},
                    "predicted": model.predict(inputs, x, w), "measured": got[f"validate{k}"].rate,

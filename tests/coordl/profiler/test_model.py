@@ -12,7 +12,8 @@ MB = 10**6
 def inputs(**kw) -> model.Inputs:
     base = dict(ingestion=1000.0, train_cpu=0.0, prep_alone=(400.0, 800.0), cached=(400.0, 800.0),
                 prep_cpu=(0.0, 0.0),
-                storage_bw=(1000 * MB, 1000 * MB), memory_bw=10_000 * MB, fetch_cpu=0.0, item_bytes=100_000.0, cores=64)
+                storage_bw=(1000 * MB, 1000 * MB), memory_bw=10_000 * MB, fetch_cpu=0.0, read_latency=1e-12,
+                item_bytes=100_000.0, cores=64)
     base.update(kw)
     return model.Inputs(**base)
 
@@ -63,36 +64,30 @@ def test_prep_bound_prediction_is_the_loader_alone_rate():
     inp = inputs(storage_bw=(10**15, 10**15), memory_bw=10**15)
     assert model.predict(inp, 1.0, 1) == pytest.approx(400.0)
     assert model.predict(inp, 0.0, 2) == pytest.approx(800.0, rel=1e-6)
-    assert model.limits(inp, 0.0, 2).bound == "loader"
+    assert model.limits(inp, 0.0, 2).bound == "workers"
 
 
 def test_fetch_bound_prediction_follows_storage_bandwidth_and_cache():
-    # 100 kB items, 10 MB/s storage: a cold read takes 10 ms alone; prep 0.1 ms per worker
+    # 100 kB items, 10 MB/s storage (100 items/s), 1 ms a read, prep 0.1 ms per worker
     inp = inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), cached=(10_000.0, 10_000.0),
-                 storage_bw=(10 * MB, 10 * MB), memory_bw=10**15)
-    z = 1 / 10_000.0
-    for x in (0.0, 0.25, 0.5, 0.9):
-        d = (1 - x) * 100_000 / (10 * MB)
-        # one worker waits for each read in full
-        assert model.predict(inp, x, 1) == pytest.approx(1 / (z + d))
-        # two: mean value analysis, X2 = 2 / (Z + D (1 + X1 D)) with X1 = 1 / (Z + D)
-        x1 = 1 / (z + d)
-        assert model.predict(inp, x, 2) == pytest.approx(2 / (z + d * (1 + x1 * d)))
-    # nearly all of it is storage: about bandwidth / ((1 - x) * item_bytes)
-    assert model.predict(inp, 0.0, 2) == pytest.approx(100.0, rel=0.01)
-    assert model.predict(inp, 0.5, 2) == pytest.approx(200.0, rel=0.01)
-    assert model.predict(inp, 0.0, 16) == pytest.approx(100.0, rel=1e-3)
+                 storage_bw=(10 * MB, 10 * MB), memory_bw=10**15, read_latency=0.001)
+    for w in (1, 2, 8):
+        assert model.predict(inp, 0.0, w) == pytest.approx(100.0)
+        assert model.predict(inp, 0.5, w) == pytest.approx(200.0)
+        assert model.predict(inp, 0.9, w) == pytest.approx(1000.0)
+        assert model.limits(inp, 0.5, w).bound == "storage"
     assert model.predict(inp, 1.0, 2) == pytest.approx(10_000.0)  # all cached: model-bound again
     assert model.limits(inp, 1.0, 2).bound == "model"
 
 
-def test_closed_loop_limits():
-    bw = {1: 10 * MB, 2: 20 * MB}  # storage that scales with readers (an SSD's queue depth)
-    x = model.closed_loop(2, 0.001, 100_000, lambda k: bw[min(k, 2)])
-    assert 1 / (0.001 + 0.01) < x < 2 / (0.001 + 0.01) * 1.0001  # between serial and fully parallel
-    assert model.closed_loop(3, 0.002, 0.0, lambda k: 1.0) == pytest.approx(1500.0)
-    # storage never the limit: each worker runs at its own pace
-    assert model.closed_loop(4, 0.001, 1.0, lambda k: 1e15) == pytest.approx(4000.0)
+def test_read_latency_bound_with_few_workers():
+    # fast storage, 10 ms a read: each worker waits for its reads; more workers overlap them
+    inp = inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), cached=(10_000.0, 10_000.0),
+                 storage_bw=(10**15, 10**15), memory_bw=10**15, read_latency=0.01)
+    assert model.predict(inp, 0.0, 1) == pytest.approx(1 / (1e-4 + 0.01))
+    assert model.predict(inp, 0.5, 2) == pytest.approx(2 / (1e-4 + 0.005))
+    assert model.predict(inp, 0.0, 4) == pytest.approx(4 / (1e-4 + 0.01))
+    assert model.limits(inp, 0.0, 4).bound == "workers"
 
 
 def test_cold_reads_cost_cpu():
@@ -140,8 +135,8 @@ def test_smallest_cache_and_fewest_workers():
     inp = inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), cached=(10_000.0, 10_000.0),
                  storage_bw=(10 * MB, 10 * MB), memory_bw=10**15)
     # the fetch stall only goes with (nearly) everything cached: within 2% of a full cache
-    assert model.smallest_cache(inp, 2) == 1.0
-    assert model.predict(inp, 0.99, 2) < 0.98 * model.predict(inp, 1.0, 2)
+    assert model.smallest_cache(inp, 2) == 0.99  # storage 100 / (1 - x) items/s reaches 9,800 at 0.99
+    assert model.predict(inp, 0.98, 2) < 0.98 * model.predict(inp, 1.0, 2)
     # prep-bound: 400 per worker, ingestion 1000 -> 3 workers (carried per-worker speed 400/s)
     inp = inputs(storage_bw=(10**15, 10**15), memory_bw=10**15)
     assert model.fewest_workers(inp, 1.0, 8) == 3
@@ -159,7 +154,7 @@ def test_model_bound_needs_no_cache():
 
 @pytest.mark.parametrize("bad", [dict(ingestion=0.0), dict(prep_alone=(1.0,)), dict(cached=(1.0,)), dict(cores=0),
                                  dict(storage_bw=(0.0, 1.0)), dict(train_cpu=-1.0),
-                                 dict(fetch_cpu=-1.0)])
+                                 dict(fetch_cpu=-1.0), dict(read_latency=0.0)])
 def test_inputs_are_checked(bad):
     with pytest.raises(ValueError):
         inputs(**bad)
