@@ -108,3 +108,37 @@ def test_an_error_in_one_connection_closes_that_connection_only(tiny_root, serve
     other.coordinator.close()
     assert served.stop() == 0
     assert "RuntimeError: a bug in the handler" in served.log_text()
+
+
+def test_when_every_connection_is_a_job_a_new_job_is_refused_in_words(tiny_root, serve):
+    served = serve(tiny_root)
+    ds = coordl.ImageFolder(tiny_root, transform="train", size=32)
+    hello = p.Hello(p.VERSION, ds.fingerprint, ds.root, len(ds), "train", 32, 0, "raise", 4, True,
+                    False, os.getpid()).encode()
+    attached = []
+    for _ in range(LIMIT):  # real attaches over raw sockets: 512 jobs that never iterate
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(served.socket)
+        s.sendall(hello)
+        s.settimeout(30)
+        reader, got = p.FrameReader(p.TO_JOB, p.MAX_REPLY), []
+        while not got:
+            got = reader.feed(s.recv(65536))
+        assert isinstance(got[0], p.Welcome)
+        attached.append(s)
+    with pytest.raises(coordl.CoordinatorError, match=rf"keeps at most {LIMIT} connections open and "
+                       rf"had {LIMIT}: every one of them is an attached job, so this one is refused"):
+        _loader(tiny_root, served)
+    attached.pop().close()  # one job leaves: the next one is served
+    loader = None
+    for _ in range(100):  # the daemon sees the close in its loop; the refusal names the limit
+        try:
+            loader = _loader(tiny_root, served)
+            break
+        except coordl.CoordinatorError as e:
+            assert "every one of them is an attached job" in str(e)
+    assert loader is not None and loader.coordinator.job == LIMIT + 1
+    for s in attached:
+        s.close()
+    loader.coordinator.close()
+    assert served.stop() == 0
