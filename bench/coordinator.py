@@ -168,7 +168,7 @@ def _start_daemon(a, k: int, epochs: int, sockdir: str, slots: int) -> tuple[sub
     sock = os.path.join(sockdir, "bench.sock")
     argv = [COORDL, "serve", "--data", a.data, "--batch-size", str(a.batch_size), "--workers",
             str(a.workers), "--slots", str(slots), "--socket", sock, "--epochs", str(epochs),
-            "--min-jobs", str(k)]
+            "--min-jobs", str(k), "--join-window", "0"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if "listening" not in line:

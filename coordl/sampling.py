@@ -17,7 +17,9 @@ import torch
 
 from .errors import ConfigError
 
-# Keeps the order's random stream apart from any other stream derived from (seed, epoch).
+# The order's SeedSequence spawn key. Nothing else draws from a SeedSequence of (seed, epoch)
+# (items' augmentation streams are random.Random, pipelines/crop.py item_rng); the key only
+# fixes which permutation a (seed, epoch) gives, so changing it changes every epoch's order.
 _ORDER_KEY = (0x0DE5,)
 
 
