@@ -55,10 +55,16 @@ def _size(ctx, param, value):
 @click.option("--drop-last/--keep-last", default=False, show_default=True)
 @click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
               help="A bad image: fail its batch in the jobs, or drop it from the batch.")
+@click.option("--backend", type=click.Choice(["cpu", "dali"]), default="cpu", show_default=True,
+              help="What the prep workers decode and augment with: coordl's CPU pipeline, or "
+                   "NVIDIA DALI (pip install coordl[dali]); one DALI thread per worker.")
+@click.option("--dali-device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="With --backend dali: decode on the CPU, or with nvJPEG on the GPU (the first "
+                   "CUDA_VISIBLE_DEVICES device).")
 @click.option("--detach", is_flag=True, help="Run in the background; log to <socket>.log.")
 def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_bytes, socket_path,
               slots, straggler_timeout, min_jobs, join_window, hello_timeout, shuffle, drop_last,
-              on_error, detach):
+              on_error, backend, dali_device, detach):
     """The coordinator daemon: prepare each batch once, for every attached job.
 
     Jobs attach with coordl.DataLoader(coordl.ImageFolder(DIR), batch_size=B,
@@ -71,7 +77,8 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
                          epochs=epochs, seed=seed, cache_bytes=cache_bytes, slots=slots,
                          straggler_timeout=straggler_timeout, min_jobs=min_jobs,
                          join_window=join_window, hello_timeout=hello_timeout, shuffle=shuffle,
-                         drop_last=drop_last, on_error=on_error, **extra)
+                         drop_last=drop_last, on_error=on_error, backend=backend,
+                         dali_device=dali_device, **extra)
     daemon = Daemon(config)  # scans the dataset here, so its errors reach this terminal
     if detach:
         _detach(daemon)
@@ -84,8 +91,13 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
 def _announce(daemon) -> None:
     click.echo(f"coordl serve: pid {os.getpid()} listening on unix://{daemon.socket_path} "
                f"({len(daemon.dataset)} items, batch {daemon.plan.batch_size}, "
-               f"{daemon.layout.slots} slots, {daemon.config.workers} workers)")
+               f"{daemon.layout.slots} slots, {daemon.config.workers} workers, "
+               f"{_backend(daemon.config)})")
     sys.stdout.flush()
+
+
+def _backend(config) -> str:
+    return "dali " + config.dali_device if config.backend == "dali" else "cpu"
 
 
 def _detach(daemon) -> None:
@@ -120,7 +132,8 @@ def _detach(daemon) -> None:
 
         def ready(d) -> None:
             os.write(write_fd, (f"coordl serve: pid {os.getpid()} listening on "
-                                f"unix://{d.socket_path} (log: {log_path})\n").encode())
+                                f"unix://{d.socket_path} ({_backend(d.config)}; log: "
+                                f"{log_path})\n").encode())
             os.close(write_fd)
 
         daemon.run(ready=ready, private_fds=(write_fd,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 from dataclasses import dataclass, field
@@ -9,6 +10,8 @@ from dataclasses import dataclass, field
 from coordl.errors import ConfigError, CoordinatorError
 
 _SUN_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un.sun_path, less the NUL)
+BACKENDS = ("cpu", "dali")   # what the prep workers decode and augment with (workers.py)
+DALI_DEVICES = ("cpu", "gpu")
 
 
 def default_socket_path() -> str:
@@ -71,8 +74,11 @@ class ServeConfig:
     shuffle: bool = True
     drop_last: bool = False
     on_error: str = "raise"                 # a bad image: "raise" (in the jobs) or "skip"
+    backend: str = "cpu"                    # "cpu": coordl's pipeline; "dali": pipelines/dali.py
+    dali_device: str = "cpu"                # with backend "dali": "cpu" or "gpu" (nvJPEG, device 0)
 
     def __post_init__(self) -> None:
+        self._check_backend()
         if self.transform not in ("train", "val"):
             raise ConfigError(f"--transform {self.transform!r}: use 'train' or 'val'")
         if self.on_error not in ("raise", "skip"):
@@ -92,3 +98,21 @@ class ServeConfig:
             raise ConfigError(f"--join-window {self.join_window}: must be >= 0 seconds "
                               "(0: hand out the first batch as soon as a job asks)")
         check_socket_path(self.socket)
+
+    def _check_backend(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend {self.backend!r}: use 'cpu' (coordl's pipeline, the default) "
+                              "or 'dali' (NVIDIA DALI)")
+        if self.dali_device not in DALI_DEVICES:
+            raise ConfigError(f"--dali-device {self.dali_device!r}: use 'cpu' or 'gpu'")
+        if self.backend != "dali":
+            if self.dali_device != "cpu":
+                raise ConfigError(f"--dali-device {self.dali_device} needs --backend dali (the CPU "
+                                  "backend has no device): add --backend dali, or drop --dali-device")
+            return
+        # found, not imported: the daemon forks its workers, and DALI is only loaded in them
+        if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
+            from coordl.pipelines.dali import INSTALL_HINT
+
+            raise ConfigError(f"--backend dali needs NVIDIA DALI, which is not installed: "
+                              f"{INSTALL_HINT}, or leave --backend unset for the CPU pipeline")

@@ -169,7 +169,8 @@ class Daemon:
         self.scheduler = Scheduler(self.plan, self.slots, self.config.min_jobs,
                                    self.config.join_window)
         self.pool = WorkerPool(self.dataset, self.plan, self.ring, self.config.workers,
-                               lambda: [*extra_fds, *self._own_fds()], forget=self.sel.unregister)
+                               lambda: [*extra_fds, *self._own_fds()], forget=self.sel.unregister,
+                               backend=self.config.backend, dali_device=self.config.dali_device)
         self.pool.start()
         self._sync_workers()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -8,6 +8,16 @@ split into one chunk of rows per worker; each worker has at most
 `_MAX_IN_FLIGHT` chunks at a time, the rest wait in the pool's queue, so
 chunks go to whichever worker is free and batches complete in order.
 
+Backends (`coordl serve --backend`): "cpu" (default) runs the dataset's own
+fetch -> prep -> skip loop (`ImageFolder.prep_rows`, the CPU pipeline);
+"dali" fetches the chunk's bytes the same way (MinIO cache, then storage,
+counted alike) and decodes and augments them with one DALI pipeline per
+worker (`pipelines/dali.py` `Prep`, one DALI thread, HWC straight into the
+ring's rows). The pipeline is built in the worker at its first task, never
+in the daemon: DALI's threads do not survive fork. Both draw each item's
+crop and flip from `crop.item_rng(seed, epoch, item)`, so they crop the same
+boxes; their pixels differ only by the two resamplers (see the README).
+
 NOTE (lifecycle of a prep worker):
 - created by the daemon (`WorkerPool.start`, and `_spawn` again when one died);
   it closes every descriptor of the daemon's except its own socket;
@@ -35,6 +45,8 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from coordl.errors import ConfigError, SampleError
 
 from . import protocol as p
 from .plan import Plan
@@ -70,17 +82,90 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _prep_task(dataset, plan: Plan, ring: Ring, task: p.PrepTask) -> int:
-    """Prepare rows lo..hi of the task's batch into its slot (`ImageFolder.prep_rows`: the
-    dataset's one fetch -> prep -> skip loop); returns how many rows were kept, from lo on."""
+class DaliRows:
+    """The DALI backend of one prep worker: rows of a chunk through `pipelines/dali.Prep`.
+
+    Made in the worker after fork; the pipeline itself is built at the first chunk (and
+    again after a failed build), so an error building it (no DALI, no GPU) reaches the
+    jobs as that batch's error, with the fix.
+    """
+
+    def __init__(self, dataset, batch_size: int, device: str = "cpu") -> None:
+        self.dataset, self.batch_size, self.device = dataset, batch_size, device
+        self._prep = None
+
+    def _pipeline(self):
+        if self._prep is None:
+            from coordl.pipelines import dali
+
+            dali.require()
+            device_id = None
+            if self.device == "gpu":
+                from coordl.dali_loader import gpu_count
+
+                if gpu_count() == 0:
+                    raise ConfigError("coordl serve --dali-device gpu, but DALI sees no CUDA device "
+                                      "(no GPU or no NVIDIA driver): use --dali-device cpu")
+                device_id = 0  # the first visible device: choose it with CUDA_VISIBLE_DEVICES
+            ds = self.dataset
+            recipe = dali.Recipe(ds.transform, ds.size, ds.seed, layout="HWC", device=self.device)
+            self._prep = dali.Prep(recipe, self.batch_size, num_threads=1, device_id=device_id, depth=1)
+        return self._prep
+
+    def __call__(self, items, epoch: int, images, labels, ids) -> int:
+        ds = self.dataset
+        prep = self._pipeline()
+        raws, fetched = [], []
+        for i in items:
+            i = int(i)
+            try:
+                raws.append(ds.fetch(i))  # its SampleError names the file already
+            except SampleError:
+                self._skip_or_raise(None)
+                continue
+            fetched.append(i)
+        ds.counters.add(decodes=len(fetched))
+        kept, errors = prep.prep_into(raws, fetched, epoch, images) if fetched else ([], {})
+        for pos in sorted(errors):
+            self._skip_or_raise(SampleError(f"{ds.manifest.path(fetched[pos])}: {errors[pos]}: replace "
+                                            "or remove the file, or pass on_error='skip'"))  # as the CPU's
+        for row, pos in enumerate(kept):
+            labels[row] = ds.manifest.labels[fetched[pos]]
+            ids[row] = fetched[pos]
+        ds.counters.add(samples=len(kept))
+        return len(kept)
+
+    def _skip_or_raise(self, err: SampleError | None) -> None:
+        """Raise `err` (None: the SampleError being handled), or count it with on_error="skip"."""
+        if self.dataset.on_error != "skip":
+            if err is None:
+                raise  # noqa: PLE0704 (called from an except block when err is None)
+            raise err
+        self.dataset.counters.add(errors_skipped=1)
+
+
+def row_maker(backend: str, dataset, batch_size: int, dali_device: str = "cpu") -> Callable:
+    """A worker's `rows(items, epoch, images, labels, ids) -> kept` for `backend` ("cpu" or "dali")."""
+    if backend == "dali":
+        return DaliRows(dataset, batch_size, dali_device)
+
+    def cpu_rows(items, epoch: int, images, labels, ids) -> int:
+        return dataset.prep_rows(items, epoch, images, labels, ids=ids)  # the one CPU loop
+    return cpu_rows
+
+
+def _prep_task(plan: Plan, ring: Ring, task: p.PrepTask, rows_of: Callable) -> int:
+    """Prepare rows lo..hi of the task's batch into its slot with `rows_of` (the backend's);
+    returns how many rows were kept, from lo on."""
     items = plan.batch(task.index)[task.lo:task.hi]
     rows = slice(task.lo, task.hi)
     slot = task.slot
-    return dataset.prep_rows(items, plan.epoch_of(task.index), ring.images[slot][rows],
-                             ring.labels[slot][rows], ids=ring.ids[slot][rows])
+    return rows_of(items, plan.epoch_of(task.index), ring.images[slot][rows],
+                   ring.labels[slot][rows], ring.ids[slot][rows])
 
 
-def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: int) -> None:
+def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: int,
+                backend: str = "cpu", dali_device: str = "cpu") -> None:
     """The body of a prep worker process; never returns."""
     code = 0
     try:
@@ -89,6 +174,7 @@ def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: in
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         counters = dataset.counters
+        rows_of = row_maker(backend, dataset, plan.batch_size, dali_device)  # after fork: DALI's threads
         reader = p.FrameReader(p.TO_WORKER, p.MAX_REQUEST)
         while True:
             data = sock.recv(65536)
@@ -96,7 +182,7 @@ def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: in
                 break
             for task in reader.feed(data):
                 try:
-                    kept = _prep_task(dataset, plan, ring, task)
+                    kept = _prep_task(plan, ring, task, rows_of)
                     reply: p.Message = p.PrepDone(task.slot, task.index, task.lo, task.hi, kept,
                                                   counters.take())
                 except Exception as e:  # noqa: BLE001 (travels to the jobs as data; the worker goes on)
@@ -134,8 +220,10 @@ class WorkerPool:
 
     def __init__(self, dataset, plan: Plan, ring: Ring, workers: int,
                  inherited_fds: Callable[[], list[int]],
-                 forget: Callable[[socket.socket], None] = lambda sock: None) -> None:
+                 forget: Callable[[socket.socket], None] = lambda sock: None,
+                 backend: str = "cpu", dali_device: str = "cpu") -> None:
         self.dataset, self.plan, self.ring, self.size = dataset, plan, ring, workers
+        self.backend, self.dali_device = backend, dali_device  # config.py checked them
         self.inherited_fds = inherited_fds   # the daemon's descriptors a new worker must close
         self.forget = forget                 # called with a dead worker's socket before it is closed
         self.workers: dict[int, _Worker] = {}  # by socket fd
@@ -162,7 +250,8 @@ class WorkerPool:
                         os.close(fd)
                     except OSError:
                         pass
-            worker_main(theirs, self.dataset, self.plan, self.ring, parent)
+            worker_main(theirs, self.dataset, self.plan, self.ring, parent, self.backend,
+                        self.dali_device)
         theirs.close()
         worker = _Worker(pid, mine, p.FrameReader(p.FROM_WORKER, p.MAX_REPLY))
         self.workers[mine.fileno()] = worker
