@@ -94,6 +94,19 @@ def list_caches(directory: str = shm.SHM_DIR) -> list[CacheInfo]:
     return _mark_stale(out)
 
 
+def unreadable(directory: str = shm.SHM_DIR) -> list[tuple[str, str]]:
+    """(name, why) of this user's cache segments that cannot be read (another layout version, a
+    truncated file): `coordl cache ls` names them, `coordl cache drop NAME` removes them."""
+    out = []
+    for name in shm.list_names(directory):
+        if _mine(directory, name):
+            try:
+                _read(directory, name)
+            except (OSError, CacheError) as e:
+                out.append((name, str(e)))
+    return out
+
+
 def foreign(directory: str = shm.SHM_DIR, prefix: str = shm.PREFIX) -> list[Foreign]:
     """Other users' segments in `directory` whose names start with `prefix` (default: caches)."""
     out = []

@@ -36,8 +36,8 @@ def cache_group() -> None:
 @_DIR
 def ls_cmd(directory: str) -> None:
     """Each cache: dataset, capacity, fill, items, creator and attached processes."""
-    infos, theirs = admin.list_caches(directory), admin.foreign(directory)
-    if not infos and not theirs:
+    infos, theirs, bad = admin.list_caches(directory), admin.foreign(directory), admin.unreadable(directory)
+    if not infos and not theirs and not bad:
         click.echo(f"no coordl cache in {directory}")
         return
     for c in infos:
@@ -53,6 +53,8 @@ def ls_cmd(directory: str) -> None:
                    + (f"\n  corrupt     {c.corrupt} (served from storage)" if c.corrupt else ""))
     for f in theirs:
         click.echo(f"{f.name}  (another user's: {f.owner}, {shm.fmt_bytes(f.size)}; left alone)")
+    for name, why in bad:
+        click.echo(f"{name}  (unreadable: {why})")
 
 
 @cache_group.command("drop")

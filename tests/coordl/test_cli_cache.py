@@ -155,3 +155,13 @@ def test_a_half_built_segment_is_stale_by_pid_and_start_time_not_by_pid_alone(sh
     out = _cli("cleanup", "--dir", shm_dir)
     assert f"removed {reused}" in out and building not in out
     assert os.listdir(shm_dir) == [building]
+
+
+def test_ls_names_a_segment_it_cannot_read_and_drop_removes_it(shm_dir):
+    name = shm.segment_name(secrets.token_hex(32))
+    with open(os.path.join(shm_dir, name), "wb") as f:
+        f.write(b"\0" * 8192)                     # e.g. a segment of an older layout version
+    out = _cli("cache", "ls", "--dir", shm_dir)
+    assert f"{name}  (unreadable: " in out and f"coordl cache drop {name}" in out
+    assert f"dropped {name}" in _cli("cache", "drop", name, "--dir", shm_dir)
+    assert os.listdir(shm_dir) == []
