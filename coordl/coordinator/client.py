@@ -16,6 +16,28 @@ epoch it joins, then one per ``iter(loader)``), so `Client.set_epoch` cannot
 move a job; `Client.stats` reports what this job received and what the
 daemon did for all its jobs (the ``daemon_`` keys).
 
+Resume. `Client.state_dict` is `coordl.resume`'s state (the local loader's:
+version, the daemon epoch under way, the batches of it the training loop has
+*received* (a Next sent ahead is not counted), and the identity: dataset
+fingerprint, items, seed, batch size, drop_last, shuffle, world size 1) plus
+``"coordinator": {"start_epoch": s}``, the job's first epoch, since epochs are
+counted per job. `Client.load_state_dict`, on a fresh job before its first
+``iter(loader)``, checks the state (`coordl.resume.check_state`: another
+dataset, seed, batch size, drop_last, shuffle or an unknown version is
+refused naming the difference) and sends Resume: the job's next epoch
+continues at that batch, and with ``--epochs E`` it gets exactly the epochs
+it had left (E counted from ``start_epoch``). When that batch has already
+left the ring (the other jobs went on, or the daemon is a new one), the
+daemon *prepares it again* rather than moving the job to the next epoch
+boundary: a batch is a pure function of (seed, epoch, items), so the copy
+is the same bytes, and a resumed job never silently loses part of an epoch
+(the failure mode resume exists to avoid). The cost is decode work: the
+daemon catches the job up first, and the other jobs wait for it as for
+any slow job until it has reached them (scheduler.py). Because the plan is
+the local loader's, a coordinated state also resumes a local
+`coordl.DataLoader` (world size 1) and a local state a coordinated job (its
+first epoch then counts as 0).
+
 No wait is unbounded without a check: every blocking read polls the socket
 once a second and checks that the daemon process still lives, so a daemon
 killed with SIGKILL makes the next call raise `CoordinatorError` within a
@@ -34,6 +56,7 @@ import weakref
 
 import torch
 
+from coordl import resume
 from coordl.errors import ConfigError, CoordinatorError, SampleError
 
 from . import protocol as p
@@ -210,6 +233,10 @@ class Client:
     def __init__(self, address: str | os.PathLike, dataset, batch_size: int, shuffle: bool,
                  drop_last: bool, timeout: float = 0.0) -> None:
         _check_dataset(dataset, batch_size)
+        self.identity = {  # the local loader's identity keys (coordl/loader.py _identity)
+            "dataset": dataset.fingerprint, "items": len(dataset), "seed": int(dataset.seed),
+            "batch_size": int(batch_size), "drop_last": bool(drop_last), "shuffle": bool(shuffle),
+            "world_size": 1}
         self.path = parse_address(address)
         self.timeout = float(timeout) if timeout and timeout > 0 else None
         self._pid = os.getpid()
@@ -236,6 +263,9 @@ class Client:
             self._ids = [torch.from_numpy(a) for a in self.ring.ids]
         self._held: int | None = None
         self.next_epoch = self.welcome.start_epoch  # the epoch the next iteration runs
+        self.start_epoch = self.welcome.start_epoch  # the job's first epoch (a resumed one: saved)
+        self._current: EpochIterator | None = None   # the epoch under way (for state_dict)
+        self._resumed_at = 0  # batches of `next_epoch` received before a restart (load_state_dict)
         self.batches = self.samples = self.failed_batches = 0  # received by this job
         self._finalizer = weakref.finalize(self, _Channel.close, self.channel, "the job closed it")
 
@@ -327,6 +357,37 @@ class Client:
                 f"To resume at epoch {epoch}, load locally (drop coordinator=, then "
                 "loader.set_epoch works), or keep the daemon's order")
 
+    # -- resume --
+    def state_dict(self) -> dict:
+        """Where this job's training loop is (see the module docstring): JSON-serialisable."""
+        it = self._current
+        if it is not None and not it.done and it.received < it.total:
+            epoch, batches = it.epoch, it.received
+        else:
+            epoch, batches = self.next_epoch, self._resumed_at
+        state = resume.make_state(self.identity, epoch, batches, None)
+        state["coordinator"] = {"start_epoch": int(self.start_epoch)}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state` at the next ``iter(loader)``: exactly the batches not received
+        yet, re-prepared by the daemon if they have left its ring (module docstring)."""
+        epoch, batches, _ = resume.check_state(state, self.identity)
+        extra = state.get("coordinator") or {"start_epoch": 0}  # a local loader's: from epoch 0
+        start = extra.get("start_epoch") if isinstance(extra, dict) else None
+        if not (isinstance(start, int) and 0 <= start <= epoch):
+            raise ConfigError(f"load_state_dict: coordinator start_epoch={start!r} must be an int "
+                              f"from 0 to the state's epoch {epoch}: pass what state_dict() returned")
+        if self._current is not None:
+            raise ConfigError("load_state_dict on a coordinated loader that has begun an epoch: the "
+                              "daemon has moved this job on; build a fresh DataLoader and load the "
+                              "state before its first iter(loader)")
+        self._send([p.Resume(epoch, batches, start)])
+        reply = self._reply(_HELLO_TIMEOUT, "the resume of this job")
+        if not isinstance(reply, p.Resumed):
+            raise CoordinatorError(f"the coordinator answered resume with {reply.TYPE!r}")
+        self.start_epoch, self.next_epoch, self._resumed_at = reply.start_epoch, reply.epoch, reply.batches
+
     def close(self) -> None:
         """Detach now (every slot this job holds is released)."""
         self._finalizer()
@@ -352,6 +413,9 @@ class EpochIterator:
         if not isinstance(reply, p.EpochStart):
             raise CoordinatorError(f"the coordinator answered begin with {reply.TYPE!r}")
         self.epoch, self.batches = reply.epoch, reply.batches
+        self.received = client._resumed_at  # batches of this epoch the loop has had (state_dict)
+        self.total = self.received + reply.batches
+        client._resumed_at, client._current = 0, self
         client.next_epoch = reply.epoch + 1
         self.done = False
         self._asked = False  # a Next is on its way
@@ -375,6 +439,7 @@ class EpochIterator:
             client._send([])
             raise StopIteration
         if isinstance(reply, p.BatchFailed):
+            self.received += 1  # handed to the loop (as an error): a resume continues after it
             client.failed_batches += 1
             client._send([p.Next()])
             self._asked = True
@@ -383,6 +448,7 @@ class EpochIterator:
         if not isinstance(reply, p.Ready):
             raise CoordinatorError(f"the coordinator answered next with {reply.TYPE!r}")
         batch = client._batch(reply, self.pin_memory)
+        self.received += 1
         client.batches += 1
         client.samples += reply.n
         if self.pin_memory:

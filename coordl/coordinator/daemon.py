@@ -398,6 +398,9 @@ class Daemon:
         elif conn.job is None:
             self._send(conn, p.Refused(f"{msg.TYPE!r} before 'hello': attach first"))
             self._close(conn, None)
+        elif isinstance(msg, p.Resume):
+            self._reply(conn, self.scheduler.resume(conn.job, msg.epoch, msg.batches,
+                                                    msg.start_epoch))
         elif isinstance(msg, p.Begin):
             self._reply(conn, self.scheduler.begin(conn.job, now))
         elif isinstance(msg, p.Next):

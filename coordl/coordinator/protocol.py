@@ -11,6 +11,8 @@ oversized frame costs the daemon one connection, never the process.
 Who sends what (request -> reply):
 
     job -> daemon      Hello        -> Welcome | Refused
+                       Resume       -> Resumed | Refused         (before the first Begin: move
+                                                                  to a checkpoint's batch)
                        Begin        -> EpochStart | Refused      (start the job's next epoch)
                        Next         -> Ready | EndOfEpoch | BatchFailed
                        Release      (no reply: the job is done with that batch's slot)
@@ -32,7 +34,7 @@ import msgpack
 
 from coordl.errors import CoordinatorError
 
-VERSION = 2
+VERSION = 3  # 3: Resume/Resumed
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 1024      # bytes of one frame the daemon accepts from a client
 MAX_REPLY = 4 * 1024 * 1024  # bytes of one frame a client accepts from the daemon
@@ -100,6 +102,17 @@ class Hello(Message):
 
 
 @dataclass(frozen=True)
+class Resume(Message):
+    """Continue from a checkpoint (client.py `load_state_dict`): the next Begin starts at batch
+    `batches` of daemon epoch `epoch`; the job's first epoch was `start_epoch` (with --epochs
+    it gets the epochs it had left). Only before the job's first Begin."""
+    TYPE: ClassVar[str] = "resume"
+    epoch: int
+    batches: int       # batches of `epoch` the job had received
+    start_epoch: int
+
+
+@dataclass(frozen=True)
 class Begin(Message):
     TYPE: ClassVar[str] = "begin"
 
@@ -139,6 +152,15 @@ class Welcome(Message):
     epochs: int | None       # epochs each job gets (None: as many as it iterates)
     seed: int
     start_epoch: int         # the job's first epoch (late joiners: the next boundary)
+
+
+@dataclass(frozen=True)
+class Resumed(Message):
+    """Where the job's next Begin starts (a whole epoch received: batch 0 of the next)."""
+    TYPE: ClassVar[str] = "resumed"
+    start_epoch: int
+    epoch: int
+    batches: int
 
 
 @dataclass(frozen=True)
@@ -229,8 +251,8 @@ class PrepFailed(Message):
     error: str
 
 
-TO_DAEMON = _registry(Hello, Begin, Next, Release, Bye, Status)
-TO_JOB = _registry(Welcome, Refused, EpochStart, Ready, EndOfEpoch, BatchFailed, Detached,
+TO_DAEMON = _registry(Hello, Resume, Begin, Next, Release, Bye, Status)
+TO_JOB = _registry(Welcome, Resumed, Refused, EpochStart, Ready, EndOfEpoch, BatchFailed, Detached,
                    ShuttingDown, StatusReply)
 TO_WORKER = _registry(PrepTask)
 FROM_WORKER = _registry(PrepDone, PrepFailed)

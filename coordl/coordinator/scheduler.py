@@ -22,6 +22,22 @@ without processes:
   batches ahead of the slowest (K = slots).
 - A job that stops mid-epoch and begins the next one gives up the rest of the
   epoch (its holds on it are released at once).
+- Resume (`resume`): a job restarted from a checkpoint moves, before its first
+  epoch, to the batch its state names (global batch g = first batch of its
+  epoch + batches it had received) and keeps its own first epoch, so with
+  --epochs it gets exactly the epochs it had left. A batch is never lost to
+  it: one still in the ring is held for it, one not prepared yet is
+  prepared, and one that has already left the ring is *prepared again* (a
+  batch is a pure function of (seed, epoch, items), so the copy is the same
+  bytes). That is why a job holds only its *run*: the batches from its
+  cursor on that are in the ring without a gap (`_run`). A job whose cursor
+  batch is missing holds nothing ahead of it, so it can never fill the ring
+  with batches it cannot reach yet (a deadlock: no free slot for the batch
+  it waits for); the producer prepares the lowest batch some job needs and
+  the ring lacks (`_next_needed`), so a job behind the others is caught up
+  first, batch by batch, until its run meets theirs and they share each
+  batch again. Meanwhile the others wait for it as for any slow job (the
+  ring bounds how far ahead they run).
 - A straggler is a holder of the oldest slot while the ring is full and the
   producer has work to do, that has made no progress (no request, no
   release) for `straggler_timeout` seconds; the daemon detaches it. Nobody
@@ -52,6 +68,8 @@ class Job:
     waiting: bool = False          # a Next is pending until the batch is published
     batches: int = 0               # batches handed out in all
     holding: set[int] = field(default_factory=set)  # batch indices handed out, not released
+    resume_epoch: int | None = None  # resumed mid-epoch: the epoch its first Begin continues
+    begun: bool = False            # it has sent Begin (too late to resume)
 
     def needs(self, index: int) -> bool:
         return self.cursor <= index and (self.end is None or index < self.end)
@@ -88,10 +106,48 @@ class Scheduler:
         job = Job(self._next_id, pid, start, cursor, self.plan.end_batch(start), now)
         self._next_id += 1
         self.jobs[job.id] = job
-        for index, slot in self.slots.by_index.items():
-            if job.needs(index):
-                self.slots.hold(slot, job.id)
+        self._extend(job)
         return job
+
+    def resume(self, job_id: int, epoch: int, batches: int, start_epoch: int) -> p.Message:
+        """Move a job that has not begun an epoch to batch `batches` of `epoch` (a daemon epoch
+        number), its first epoch being `start_epoch`: the reply to Resume (see the module
+        docstring: a batch that has left the ring is prepared again)."""
+        job, bpe = self.jobs[job_id], self.plan.batches_per_epoch
+        if job.begun:
+            return p.Refused("resume after this job began an epoch: resume a fresh job (a new "
+                             "DataLoader), before its first iter(loader)")
+        if not (0 <= start_epoch <= epoch and 0 <= batches <= bpe):
+            return p.Refused(f"resume at batch {batches} of epoch {epoch} with first epoch "
+                             f"{start_epoch}: needs 0 <= first epoch <= epoch and 0 <= batch <= "
+                             f"{bpe} (batches per epoch)")
+        if batches == bpe:  # the epoch was received whole: the next one
+            epoch, batches = epoch + 1, 0
+        self._freed(self.slots.drop(job.id))  # what it held from where it attached
+        job.start_epoch, job.end = start_epoch, self.plan.end_batch(start_epoch)
+        job.cursor = self.plan.first_batch(epoch) + batches
+        job.resume_epoch = epoch if batches else None
+        self._extend(job)
+        return p.Resumed(start_epoch, epoch, batches)
+
+    def _run(self, job: Job):
+        """The job's run: the batches from its cursor on that the ring holds (any state)
+        without a gap, and that it needs; each as (index, slot)."""
+        index = job.cursor
+        while job.needs(index) and (slot := self.slots.by_index.get(index)) is not None:
+            yield index, slot
+            index += 1
+
+    def _run_end(self, job: Job) -> int:
+        index = job.cursor
+        for index, _slot in self._run(job):
+            index += 1
+        return index
+
+    def _extend(self, job: Job) -> None:
+        """Hold every published batch of the job's run (one still filling is held at publish)."""
+        for _index, slot in self._run(job):
+            self.slots.hold(slot, job.id)
 
     def detach(self, job_id: int) -> None:
         if self.jobs.pop(job_id, None) is not None:
@@ -118,8 +174,12 @@ class Scheduler:
 
     def begin(self, job_id: int, now: float) -> p.Message:
         job = self.jobs[job_id]
-        job.last_progress, job.waiting = now, False
+        job.last_progress, job.waiting, job.begun = now, False, True
         bpe = self.plan.batches_per_epoch
+        if job.epoch is None and job.resume_epoch is not None:  # resumed: the rest of that epoch
+            epoch, job.resume_epoch = job.resume_epoch, None
+            job.epoch, job.epoch_end = epoch, self.plan.first_batch(epoch + 1)
+            return p.EpochStart(epoch, job.epoch_end - job.cursor)
         # between epochs: the one at the cursor; inside one: the next (the rest is given up)
         epoch = -(-job.cursor // bpe) if job.epoch is None else job.epoch + 1
         if job.end is not None and self.plan.first_batch(epoch) >= job.end:
@@ -153,10 +213,8 @@ class Scheduler:
         if job.cursor >= job.epoch_end:
             epoch, job.epoch = job.epoch, None
             return p.EndOfEpoch(epoch)
-        reply = None if self.gathering else self._deliver(job)
-        if reply is None and job.cursor < self.next_batch and job.cursor not in self.slots.by_index:
-            return p.Refused(f"batch {job.cursor} was freed before this job took it (a bug: "
-                             "please report it); restart the job")
+        reply = None if self.gathering else self._deliver(job)  # None: in the ring later, or
+        # prepared again (a resumed job behind the ring: _next_needed)
         job.waiting = reply is None
         return reply
 
@@ -165,6 +223,7 @@ class Scheduler:
         if slot is None or self.slots.state[slot] not in (SlotState.READY, SlotState.FAILED):
             return None
         index = job.cursor
+        self.slots.hold(slot, job.id)  # in its run already; held so that nobody else frees it
         job.cursor += 1
         job.batches += 1
         if self.slots.state[slot] is SlotState.FAILED:
@@ -190,10 +249,11 @@ class Scheduler:
 
     # -- production --
     def _next_needed(self) -> int | None:
-        """The lowest batch not prepared yet that an attached job needs."""
-        needed = [max(j.cursor, self.next_batch) for j in self.jobs.values()]
-        needed = [g for g, j in zip(needed, self.jobs.values()) if j.end is None or g < j.end]
-        return min(needed, default=None)
+        """The lowest batch an attached job needs that the ring lacks: the first after each
+        job's run (for jobs in step that is `next_batch`; for a resumed job behind the ring, a
+        batch that left it, prepared again)."""
+        needed = [(self._run_end(j), j) for j in self.jobs.values()]
+        return min((g for g, j in needed if j.needs(g)), default=None)
 
     def to_prepare(self, now: float) -> tuple[int, int] | None:
         """(slot, batch) to prepare next, claimed; None when there is nothing to do now."""
@@ -205,21 +265,30 @@ class Scheduler:
             if self.full_since is None:
                 self.full_since = now
             return None
-        self.next_batch = index + 1
+        self.next_batch = max(self.next_batch, index + 1)
         self.slots.claim(slot, index, self.plan.epoch_of(index))
+        self._extend_all()  # a batch prepared again may close a job's gap to ready ones
         return slot, index
 
     def _holders(self, index: int) -> set[int]:
-        return {j.id for j in self.jobs.values() if j.needs(index)}
+        """The jobs whose run holds `index` (a job behind a gap gets it prepared again later)."""
+        return {j.id for j in self.jobs.values() if any(i == index for i, _ in self._run(j))}
 
     def published(self, slot: int, rows: int) -> list[tuple[int, p.Message]]:
         self.slots.publish(slot, rows, self._holders(self.slots.index[slot]))
+        self._extend_all()
         return self._wake(self.slots.index[slot])
 
     def failed(self, slot: int, error: str) -> list[tuple[int, p.Message]]:
         index = self.slots.index[slot]
         self.slots.fail(slot, error, self._holders(index))
+        self._extend_all()
         return self._wake(index)
+
+    def _extend_all(self) -> None:
+        """A batch that closes a gap joins the runs of the jobs behind it to what follows."""
+        for job in self.jobs.values():
+            self._extend(job)
 
     def _wake(self, index: int) -> list[tuple[int, p.Message]]:
         if self.gathering:

@@ -231,3 +231,139 @@ def test_finished_once_a_group_started_and_every_job_left():
     s.detach(a.id)
     assert s.finished()
     assert not make().finished()  # without --epochs: until stopped
+
+
+# -- resume (client.py load_state_dict): a job moved to a checkpoint's batch --
+class Sim:
+    """Jobs that take batches in turns, each released at once; the producer publishes at once."""
+
+    def __init__(self, s):
+        self.s, self.woken, self.got = s, {}, {}
+
+    def fill(self):
+        for job_id, reply in fill(self.s):
+            self.woken[job_id] = reply
+
+    def step(self, job):
+        """One batch for `job`: its index, EndOfEpoch, or None (it waits)."""
+        reply = self.woken.pop(job.id, None) or self.s.next(job.id, 0)
+        if isinstance(reply, p.Ready):
+            self.got.setdefault(job.id, []).append(reply.index)
+            self.s.release(job.id, reply.index, 0)
+        self.fill()
+        return reply.index if isinstance(reply, p.Ready) else reply
+
+
+def test_resume_at_a_batch_still_in_the_ring_holds_it():
+    s = make(items=40, slots=4)  # 10 batches per epoch
+    sim = Sim(s)
+    a = attach(s, 1)
+    s.begin(a.id, 0)
+    sim.fill()
+    assert [sim.step(a) for _ in range(3)] == [0, 1, 2]  # the ring holds 3, 4, 5, 6
+    b = attach(s, 2)
+    assert s.resume(b.id, 0, 4, 0) == p.Resumed(0, 0, 4)
+    assert (b.cursor, b.start_epoch) == (4, 0)
+    assert all(b.id in s.slots.holders[s.slots.by_index[i]] for i in (4, 5, 6))
+    assert b.id not in s.slots.holders[s.slots.by_index[3]]  # before its batch: not its
+    assert s.begin(b.id, 0) == p.EpochStart(0, 6)  # the rest of epoch 0, not epoch 1
+    produced = s.next_batch
+    got = []
+    while (r := sim.step(b)) != p.EndOfEpoch(0):
+        got.append(r)
+        sim.step(a)
+    assert got == [4, 5, 6, 7, 8, 9]
+    assert s.next_batch - produced <= 6  # nothing prepared twice: it was in step with a
+
+
+def test_resume_at_a_batch_that_left_the_ring_prepares_it_again():
+    s = make(items=40, slots=2)
+    sim = Sim(s)
+    a = attach(s, 1)
+    s.begin(a.id, 0)
+    sim.fill()
+    assert [sim.step(a) for _ in range(7)] == list(range(7))  # the ring holds 7, 8
+    b = attach(s, 2)  # a new job now would start with epoch 1
+    assert b.start_epoch == 1
+    assert s.resume(b.id, 0, 3, 0) == p.Resumed(0, 0, 3)
+    assert all(b.id not in h for h in s.slots.holders)  # 3 is gone: it holds nothing ahead
+    assert s.begin(b.id, 0) == p.EpochStart(0, 7)
+    assert sim.step(b) is None and s.to_prepare(0) is None  # waits: the ring is full (a's)
+    got, a_got = [], []
+    for _ in range(100):  # both make progress: no deadlock with the ring full
+        if (r := sim.step(b)) == p.EndOfEpoch(0):
+            break
+        if r is not None:
+            got.append(r)
+        if a_got[-1:] != [9] and isinstance(r := sim.step(a), int):
+            a_got.append(r)
+    assert got == [3, 4, 5, 6, 7, 8, 9]  # every batch it had not received, in order
+    assert a_got == [7, 8, 9]            # a lost nothing either
+
+
+def test_resumed_job_is_caught_up_and_then_shares_batches():
+    s = make(items=40, slots=2)
+    sim = Sim(s)
+    a = attach(s, 1)
+    s.begin(a.id, 0)
+    sim.fill()
+    for _ in range(5):
+        sim.step(a)
+    b = attach(s, 2)
+    s.resume(b.id, 0, 1, 0)
+    s.begin(b.id, 0)
+    a_waits = 0
+    while sim.step(b) != p.EndOfEpoch(0):  # the producer catches b up first: a waits meanwhile
+        if sim.got[a.id][-1] != 9:
+            a_waits += sim.step(a) is None
+    assert sim.got[b.id] == list(range(1, 10)) and a_waits > 0
+    while sim.step(a) != p.EndOfEpoch(0):
+        pass
+    assert sim.got[a.id] == list(range(10))
+    prepared = s.next_batch
+    s.begin(a.id, 0)
+    s.begin(b.id, 0)
+    for _ in range(10):
+        assert sim.step(a) == sim.step(b)  # in step again: each batch of epoch 1 serves both
+    assert s.next_batch - prepared <= 10
+
+
+def test_resume_keeps_the_jobs_own_epochs():
+    s = make(slots=8, epochs=2)  # 3 batches per epoch
+    sim = Sim(s)
+    a = attach(s, 1)
+    s.begin(a.id, 0)
+    sim.fill()
+    for _ in range(4):
+        sim.step(a)  # 0, 1, 2 and the end of epoch 0
+    b = attach(s, 2)
+    assert s.resume(b.id, 1, 2, 0) == p.Resumed(0, 1, 2)  # first epoch 0, at batch 2 of epoch 1
+    assert b.end == 6  # epochs 0 and 1: its own count, not that of a job attaching now
+    assert s.begin(b.id, 0) == p.EpochStart(1, 1)
+    assert sim.step(b) == 5 and sim.step(b) == p.EndOfEpoch(1)
+    refused = s.begin(b.id, 0)
+    assert isinstance(refused, p.Refused) and "had its 2 epochs" in refused.reason
+
+
+def test_resume_after_a_whole_epoch_starts_the_next_and_on_an_idle_daemon_prepares_from_there():
+    s = make(items=40, slots=2)
+    sim = Sim(s)
+    b = attach(s, 1)
+    assert s.resume(b.id, 4, 10, 2) == p.Resumed(2, 5, 0)  # epoch 4 received whole: epoch 5
+    assert s.begin(b.id, 0) == p.EpochStart(5, 10)
+    sim.fill()
+    assert sorted(s.slots.by_index) == [50, 51]  # nothing below its batch is prepared
+    assert sim.step(b) == 50
+    c = attach(s, 2)  # a fresh job joins at the next boundary after what the ring holds
+    assert c.start_epoch == 6
+
+
+def test_resume_is_refused_after_begin_and_out_of_range():
+    s = make(items=40)
+    a = attach(s, 1)
+    for args in ((0, 11, 0), (0, -1, 0), (1, 0, 2)):
+        refused = s.resume(a.id, *args)
+        assert isinstance(refused, p.Refused) and "0 <= first epoch <= epoch" in refused.reason
+    s.begin(a.id, 0)
+    refused = s.resume(a.id, 0, 3, 0)
+    assert isinstance(refused, p.Refused) and "resume after this job began" in refused.reason
