@@ -30,7 +30,7 @@ from coordl.cache import storage
 from coordl.pipelines import cpu, crop
 
 from .buffers import new_shared
-from .errors import ConfigError, SampleError
+from .errors import ConfigError, CoordinatorError, SampleError
 from .manifest import IMG_EXTENSIONS, scan
 from .stats import Counters
 
@@ -158,6 +158,8 @@ class ImageFolder(CoordlDataset):
         self.cache: Any = None             # a MinIO or partitioned cache
         self.batch_pool: Any = None        # reusable worker batch buffers (coordl/buffers.py)
         self.drop_page_cache = False       # read storage without leaving pages behind
+        self.coordinator: Any = None       # the daemon client of a coordinated loader
+        self._coordinated_epoch: Any = None
 
     # -- torchvision attributes (built on demand: no per-item objects are kept) --
     @property
@@ -247,6 +249,8 @@ class ImageFolder(CoordlDataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """One batch; a `PreparedBatch` for "train"/"val", else a list of samples."""
+        if self.coordinator is not None:
+            return self._from_coordinator(indices)
         epoch = _epoch_of(indices, self.epoch)
         if self.transform not in _TRANSFORMS:
             out = []
@@ -269,6 +273,35 @@ class ImageFolder(CoordlDataset):
         targets = torch.from_numpy(labels[:n]) if self.target_transform is None else \
             torch.utils.data.default_collate([self._target(i) for i in kept])
         return PreparedBatch(images[:n].permute(0, 3, 1, 2), targets, kept, slot)
+
+    def _from_coordinator(self, indices: Sequence[int]) -> PreparedBatch:
+        """The daemon's next batch, for a loader a framework re-created from ``loader.dataset``
+        (Accelerate's DataLoaderShard) that asks the dataset for batches itself.
+
+        The daemon decides the order (the requested indices only count the batches: the batch
+        sampler of the coordinated loader has the daemon's batch size, drop_last and length);
+        the batch is copied out of the ring, since such loaders fetch a batch ahead.
+        """
+        if torch.utils.data.get_worker_info() is not None:
+            raise CoordinatorError(
+                "a coordinated loader (coordinator=...) was rebuilt with worker processes by a framework "
+                "(e.g. Accelerate's prepare()): the daemon prepares the batches, so build the "
+                "coordl.DataLoader with num_workers=0 before handing it over")
+        for _ in range(2):
+            if self._coordinated_epoch is None:
+                self._coordinated_epoch = self.coordinator.epoch(pin_memory=True)
+            try:
+                batch = next(self._coordinated_epoch)
+                break
+            except StopIteration:
+                self._coordinated_epoch = None
+        else:  # pragma: no cover - an epoch of the daemon has at least one batch
+            raise CoordinatorError("the coordinator sent an empty epoch")
+        if len(batch.images) > len(indices):  # fewer: the daemon skipped bad items (on_error="skip")
+            raise CoordinatorError(
+                f"the framework asked for a batch of {len(indices)} items and the coordinator holds "
+                f"{len(batch.images)}: build the loader with the daemon's --batch-size and drop_last")
+        return PreparedBatch(batch.images, batch.labels, batch.indices.tolist())
 
     def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
                   ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:

@@ -230,6 +230,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             custom=[a for a, v in (("sampler", user_sampler),
                                    ("batch_sampler", batch_sampler),
                                    ("collate_fn", collate_fn)) if v not in (None, collate)])
+        if self._coordinator is not None:
+            self.dataset.coordinator = self._coordinator  # for a framework that rebuilds the loader
 
     def _sharding(self, dataset, coordl_ds, sampler, batch_sampler, shuffle, drop_last, generator, given):
         """The sampler that gives this rank its share (and, for coordl datasets, the plan's order)."""
@@ -456,6 +458,8 @@ def loader_stats(loader: Any) -> dict[str, int]:
     if isinstance(loader, DataLoader):
         return loader.stats()
     ds = getattr(loader, "dataset", None)
+    if getattr(ds, "coordinator", None) is not None:
+        return ds.coordinator.stats()
     counters = getattr(ds, "counters", None)
     if not isinstance(counters, Counters):
         raise ConfigError(f"loader_stats: {type(loader).__name__} does not read a dataset bound by "

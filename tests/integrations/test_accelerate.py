@@ -1,6 +1,11 @@
 """Accelerate's `prepare()` keeps coordl's cache, counters and batches; sharding happens once."""
 
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
 
 
 def _records(out, n):
@@ -40,3 +45,29 @@ def test_two_processes_under_torchrun_shard_once(ids_root, tmp_path, job):
     assert recs[0]["epochs"][0] != recs[0]["epochs"][1]
     # each rank's counters count that rank's samples only
     assert [r["stats"][-1]["samples"] for r in recs] == [32, 32]   # 2 epochs x 16
+
+
+def test_a_coordinated_loader_takes_the_daemons_batches_through_prepare(ids_root, tmp_path, job):
+    sock = str(tmp_path / "d.sock")
+    coordl_cmd = os.path.join(os.path.dirname(sys.executable), "coordl")
+    daemon = subprocess.Popen([coordl_cmd, "serve", "--data", ids_root, "--batch-size", "4", "--size", "32",
+                               "--seed", "3", "--epochs", "2", "--workers", "1", "--join-window", "0",
+                               "--socket", sock], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([daemon.stdout], [], [], 60)
+        assert ready and "listening" in daemon.stdout.readline()
+        job(["accelerate_job.py", ids_root, str(tmp_path), "2", f"coordinator=unix://{sock}"])
+        (rec,) = _records(tmp_path, 1)
+        assert rec["attached_jobs"] == 1                           # the daemon saw the job attached
+        stats = rec["stats"][-1]
+        assert stats["batches"] == 16 and stats["samples"] == 60    # received from the daemon
+        assert stats["daemon_decodes"] == 60                       # the daemon decoded, 2 epochs x 30
+        # the daemon's batches are the plan's: those of coordl's own loader with the same seed
+        assert rec["digests"] == rec["reference"]
+        assert daemon.wait(60) == 0                                # it served its 2 epochs and stopped
+    finally:
+        if daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(30)
+        daemon.stdout.close()
+        daemon.stderr.close()

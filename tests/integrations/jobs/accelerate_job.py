@@ -1,6 +1,6 @@
 """accelerator.prepare(coordl.DataLoader): one process, or one per rank under torchrun.
 
-    accelerate_job.py ROOT OUT_DIR EPOCHS [cache]
+    accelerate_job.py ROOT OUT_DIR EPOCHS [cache | coordinator=unix:///path.sock]
 
 Each rank writes OUT_DIR/rank<r>.json: the item ids (labels of the one-image-per-class
 dataset) of every epoch and coordl.loader_stats of the prepared loader after each epoch.
@@ -19,14 +19,21 @@ import coordl
 def main() -> None:
     root, out, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     cached = "cache" in sys.argv[4:]
+    coordinator = next((a.split("=", 1)[1] for a in sys.argv[4:] if a.startswith("coordinator=")), None)
     acc = Accelerator(cpu=True)
     ds = coordl.ImageFolder(root, transform="train", size=32, seed=3)
-    kw = {"cache": ds.manifest.total_bytes // 2} if cached else {}
-    loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True, **kw)
+    if coordinator:   # the daemon prepares the batches: no worker processes of our own
+        loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, coordinator=coordinator)
+    else:
+        kw = {"cache": ds.manifest.total_bytes // 2} if cached else {}
+        loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
+                                   **kw)
     prepared = acc.prepare(loader)
     record = {"rank": acc.process_index, "world": acc.num_processes, "type": type(prepared).__name__,
               "is_coordl": isinstance(prepared, coordl.DataLoader), "epochs": [], "stats": [],
-              "plan": [loader.epoch_indices(e) for e in range(epochs)]}
+              "plan": [loader.epoch_indices(e) for e in range(epochs)] if not coordinator else []}
+    if coordinator:
+        record["attached_jobs"] = len(loader.coordinator.status()["jobs"])
     record["digests"], record["reference"] = [], []
     for _epoch in range(epochs):
         ids, digests = [], []
