@@ -17,8 +17,8 @@ without processes:
   prepared meanwhile, and none is released, so every job of the group joins
   the same epoch (the first batch of it is still in the ring). `tick` closes
   the window and returns the batches for the jobs that waited.
-- The producer prepares batches in order, only while some attached job needs
-  the next one, and only into a free slot: so the fastest job is at most K
+- The producer prepares batches in order, only while some attached job that
+  has begun an epoch needs the next one, and only into a free slot: so the fastest job is at most K
   batches ahead of the slowest (K = slots).
 - A job that stops mid-epoch and begins the next one gives up the rest of the
   epoch (its holds on it are released at once).
@@ -251,8 +251,9 @@ class Scheduler:
     def _next_needed(self) -> int | None:
         """The lowest batch an attached job needs that the ring lacks: the first after each
         job's run (for jobs in step that is `next_batch`; for a resumed job behind the ring, a
-        batch that left it, prepared again)."""
-        needed = [(self._run_end(j), j) for j in self.jobs.values()]
+        batch that left it, prepared again). Only jobs that have begun an epoch count: one that
+        has just attached may still move (Resume), and nothing is prepared for it in vain."""
+        needed = [(self._run_end(j), j) for j in self.jobs.values() if j.begun]
         return min((g for g, j in needed if j.needs(g)), default=None)
 
     def to_prepare(self, now: float) -> tuple[int, int] | None:

@@ -150,6 +150,9 @@ def test_epochs_are_counted_per_job():
     b = attach(s, 2)  # epoch 0 under way: b starts with epoch 1 and gets epochs 1 and 2
     assert (b.start_epoch, b.cursor, b.end) == (1, 3, 9)
     fill(s)
+    assert sorted(s.slots.by_index) == [1, 2, 3, 4, 5]  # b has not begun: nothing for it yet
+    assert s.begin(b.id, 0) == p.EpochStart(1, 3)
+    fill(s)
     assert sorted(s.slots.by_index) == [1, 2, 3, 4, 5, 6, 7, 8]
     assert s.slots.holders[s.slots.by_index[3]] == {a.id, b.id}
     assert s.slots.holders[s.slots.by_index[6]] == {b.id}  # past a's end: b's only
@@ -157,7 +160,8 @@ def test_epochs_are_counted_per_job():
     assert run_epoch(s, a, 1) == [3, 4, 5]
     assert isinstance(s.begin(a.id, 0), p.Refused)  # a has had its 2 epochs
     s.detach(a.id)
-    assert run_epoch(s, b, 1) == [3, 4, 5] and run_epoch(s, b, 2) == [6, 7, 8]
+    assert [take(s, b) for _ in range(4)] == [3, 4, 5, p.EndOfEpoch(1)]
+    assert run_epoch(s, b, 2) == [6, 7, 8]
     refused = s.begin(b.id, 0)
     assert isinstance(refused, p.Refused)
     assert "had its 2 epochs" in refused.reason and "epochs 1-2" in refused.reason
