@@ -79,6 +79,8 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
                          join_window=join_window, hello_timeout=hello_timeout, shuffle=shuffle,
                          drop_last=drop_last, on_error=on_error, backend=backend,
                          dali_device=dali_device, **extra)
+    if config.dali_device == "gpu":
+        _check_cuda_devices()
     daemon = Daemon(config)  # scans the dataset here, so its errors reach this terminal
     if detach:
         _detach(daemon)
@@ -86,6 +88,23 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s coordl serve[%(process)d]: %(message)s")
     daemon.run(ready=_announce)  # returns when stopped as told; a failure raises
+
+
+def _check_cuda_devices() -> None:
+    """Refuse --dali-device gpu where DALI sees no CUDA device. Asked in a child process: CUDA
+    initialized in the daemon would not survive the fork of its prep workers."""
+    import subprocess
+
+    probe = "from nvidia.dali.backend import GetCUDADeviceCount as n; print(int(n()))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    count = done.stdout.strip()
+    if done.returncode != 0 or not count.isdigit():
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CoordlError(f"--dali-device gpu: cannot ask DALI for CUDA devices ({last}): check the "
+                          "NVIDIA DALI install (pip install coordl[dali]), or use --dali-device cpu")
+    if int(count) == 0:
+        raise CoordlError("--dali-device gpu, but DALI sees no CUDA device (no GPU, no NVIDIA driver, "
+                          "or CUDA_VISIBLE_DEVICES hides them): use --dali-device cpu")
 
 
 def _announce(daemon) -> None:
