@@ -23,6 +23,8 @@ NOTE (lifecycle of a prep worker):
   it closes every descriptor of the daemon's except its own socket;
 - attaches to nothing: it inherits the ring mapping and the dataset (the
   daemon's bound copy, whose `TaskCounters` each worker has a copy of);
+- with --backend dali it owns one DALI pipeline (and its thread), built at its
+  first task and gone with the process (os._exit); the daemon never builds one;
 - exits when its socket reaches EOF (the daemon closed it, or died);
   prctl(PR_SET_PDEATHSIG, SIGKILL) also kills it if the daemon dies by
   SIGKILL while it is decoding. It ignores SIGINT (Ctrl-C in the daemon's
