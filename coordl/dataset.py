@@ -18,6 +18,7 @@ workers need no message to learn it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import os
 from collections.abc import Callable, Sequence
@@ -45,6 +46,22 @@ class _NoCounters:
 
 
 _NO_COUNTERS = _NoCounters()
+
+
+_READERS: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_READ_THREADS = 4
+
+
+def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futures.Future]:
+    """Start reading `items` from storage on this process's reader threads (made on first use
+    in each process: a pool inherited through fork has no threads)."""
+    global _READERS
+    if not items:
+        return {}
+    if _READERS is None or _READERS[0] != os.getpid():
+        _READERS = (os.getpid(), concurrent.futures.ThreadPoolExecutor(_READ_THREADS, "coordl-read"))
+    pool, drop = _READERS[1], ds.drop_page_cache
+    return {i: pool.submit(storage.read_file, ds.manifest.path(i), drop) for i in items}
 
 
 def _epoch_of(indices: Sequence[int], default: int) -> int:
@@ -199,12 +216,13 @@ class ImageFolder(CoordlDataset):
                 return hit
         return self._read(i)
 
-    def _read(self, i: int) -> bytes:
-        """Item i from storage, offered to the cache."""
+    def _read(self, i: int, pending: concurrent.futures.Future | None = None) -> bytes:
+        """Item i from storage (or the read `pending` started), offered to the cache."""
         cache = self.cache
         path = self.manifest.path(i)
         try:
-            raw = storage.read_file(path, drop_page_cache=self.drop_page_cache)
+            raw = storage.read_file(path, drop_page_cache=self.drop_page_cache) if pending is None \
+                else pending.result()
         except OSError as e:
             raise SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that it "
                               "exists and is readable, or pass on_error='skip'") from None
@@ -314,13 +332,15 @@ class ImageFolder(CoordlDataset):
         """
         cache = self.cache
         hits = cache.get_many(indices, self.counters) if hasattr(cache, "get_many") else None
+        # a partitioned cache's misses are read from storage by threads while the hits decode
+        pending = {} if hits is None else _read_ahead(self, [int(i) for i in indices if int(i) not in hits])
         row = 0
         for i in indices:
             i = int(i)
             raw = None if hits is None else hits.get(i)
             try:
                 if raw is None:
-                    raw = self.fetch(i) if hits is None else self._read(i)
+                    raw = self.fetch(i) if hits is None else self._read(i, pending.pop(i, None))
                 self.prep_into(raw, i, epoch, images[row])
             except SampleError:
                 self._skip_or_raise()
