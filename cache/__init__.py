@@ -5,4 +5,8 @@
 - `layout`: the bytes inside a cache segment (header, index, arena).
 - `shm`: segment files: names, free space, creation, OFD locks, liveness.
 - `admin`: list, drop and clean up segments (`coordl cache ...`, `coordl cleanup`).
+- `checksum`: the xxh3-64 every cached value carries (MinIO and Redis alike).
+- `partitioned`: the partitioned cache over the servers' Redis cache nodes (client side).
+- `placement`: which node owns an item: rendezvous hashing, pure.
+- `redisnode`: starting, checking and describing a Redis cache node (`coordl cache-node`).
 """
