@@ -9,9 +9,10 @@ list each file once. Class folders are independent, so they are walked by a
 small thread pool: `scandir` and `stat` release the GIL, which pays when the
 metadata is not in memory (cold page cache, network filesystems).
 
-Files are stat'ed in inode order (DirEntry.inode() comes with the listing, at no
-cost), which reads a cold inode table front to back, then put in name order by
-one permutation. Relative paths are built per folder, not per file: ``prefix + prefix.join(names)``
+Each folder is opened once and its files are stat'ed by name relative to that
+descriptor (``os.stat(name, dir_fd=fd)`` through ``map``), so the kernel looks up
+one path component, not the whole path, and Python builds no path per file.
+Relative paths are built per folder, not per file: ``prefix + prefix.join(names)``
 is the concatenation of every ``prefix + name`` in one C call, and their
 lengths come from ``len`` mapped over the names (one encode per folder checks
 that they are ASCII; otherwise each name is encoded once). File metadata is
@@ -25,6 +26,7 @@ listed, and every file's ctime and inode.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -56,19 +58,21 @@ class Walk:
     dirs: list[DirRecord]       # the root first, then every folder listed
 
 
-def _dir_record(path: str, rel: str) -> DirRecord:
-    st = os.stat(path)
+def _dir_record(fd: int, rel: str) -> DirRecord:
+    st = os.fstat(fd)
     return (rel, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
-def _stat_all(paths: list[str]) -> list[os.stat_result | None]:
+def _stat_all(fd: int, names: list[str]) -> list[os.stat_result | None]:
+    """stat each name relative to the open folder `fd`: one path component for the kernel to look up."""
+    stat_in = functools.partial(os.stat, dir_fd=fd)
     try:
-        return list(map(os.stat, paths))
+        return list(map(stat_in, names))
     except OSError:  # a broken link or a vanished file: it fails (or is skipped) at read time
         out: list[os.stat_result | None] = []
-        for p in paths:
+        for n in names:
             try:
-                out.append(os.stat(p))
+                out.append(stat_in(n))
             except OSError:
                 out.append(None)
         return out
@@ -76,7 +80,7 @@ def _stat_all(paths: list[str]) -> list[os.stat_result | None]:
 
 def _columns(stats: list[os.stat_result | None]) -> tuple[np.ndarray, ...]:
     n = len(stats)
-    if all(s is not None for s in stats):
+    if None not in stats:
         return tuple(np.fromiter(map(get, stats), np.int64, n) for get in (_SIZE, _MTIME, _CTIME, _INO))
     rows = [(s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino) if s is not None else (-1, 0, 0, 0)
             for s in stats]
@@ -102,50 +106,56 @@ def _walk_class(root: str, cls: str, exts: tuple[str, ...] | None,
     cols: list[tuple[np.ndarray, ...]] = []
     dirs: list[DirRecord] = []
     visited: set[tuple[int, int]] = set()
+    fast = () if exts is None else tuple(exts) + tuple(x.upper() for x in exts)
     stack = [cls]
     while stack:
         rel = stack.pop()
         path = os.path.join(root, rel)
         try:
-            rec = _dir_record(path, rel)
-            if (rec[4], rec[3]) in visited:
-                continue  # a symlink loop, or a second link to a folder already listed
-            visited.add((rec[4], rec[3]))
-            with os.scandir(path) as it:
-                entries = list(it)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:
             raise DatasetError(f"cannot list dataset folder {path!r}: {e}: fix its permissions "
                                "or remove it from the dataset root") from e
-        subdirs, files = [], []
-        for e in entries:
-            (subdirs if e.is_dir() else files).append(e)
-        if is_valid_file is not None:
-            files = [e for e in files if is_valid_file(e.path)]
-        elif exts is not None:
-            files = [e for e in files if e.name.lower().endswith(exts)]
-        dirs.append(rec)
-        if files:
-            # stat in inode order (the inode table is read front to back when cold), then put
-            # everything in name order with one permutation
-            files.sort(key=os.DirEntry.inode)
-            stats = _columns(_stat_all([e.path for e in files]))
-            names = [e.name for e in files]
-            order = sorted(range(len(names)), key=names.__getitem__)
-            names = [names[i] for i in order]
-            blob, lens = _encode(rel + "/", names)
-            blobs.append(blob)
-            lengths.append(lens)
-            perm = np.array(order, dtype=np.int64)
-            cols.append(tuple(c[perm] for c in stats))
+        try:
+            rec = _dir_record(fd, rel)
+            if (rec[4], rec[3]) in visited:
+                continue  # a symlink loop, or a second link to a folder already listed
+            visited.add((rec[4], rec[3]))
+            try:
+                with os.scandir(fd) as it:
+                    entries = list(it)
+            except OSError as e:
+                raise DatasetError(f"cannot list dataset folder {path!r}: {e}: fix its permissions "
+                                   "or remove it from the dataset root") from e
+            subdirs, names = [], []
+            for e in entries:
+                (subdirs if e.is_dir() else names).append(e.name)
+            if is_valid_file is not None:
+                names = [n for n in names if is_valid_file(os.path.join(path, n))]
+            elif exts is not None:
+                names = [n for n in names if n.endswith(fast) or n.lower().endswith(exts)]
+            dirs.append(rec)
+            if names:
+                names.sort()
+                blob, lens = _encode(rel + "/", names)
+                blobs.append(blob)
+                lengths.append(lens)
+                cols.append(_columns(_stat_all(fd, names)))
+        finally:
+            os.close(fd)
         # pushed in reverse so that they are popped (listed) in sorted order
-        stack.extend(os.path.join(rel, e.name) for e in sorted(subdirs, key=attrgetter("name"), reverse=True))
+        stack.extend(os.path.join(rel, n) for n in sorted(subdirs, reverse=True))
     return blobs, lengths, cols, dirs
 
 
 def walk(root: str, exts: tuple[str, ...] | None, is_valid_file: Callable[[str], bool] | None,
          threads: int = 8) -> Walk:
     """Walk ``root/<class>/**/<file>``; `root` must be an absolute, existing folder."""
-    root_rec = _dir_record(root, "")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        root_rec = _dir_record(fd, "")
+    finally:
+        os.close(fd)
     with os.scandir(root) as it:
         classes = sorted(e.name for e in it if e.is_dir())
     if not classes:
