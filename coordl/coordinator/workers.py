@@ -127,7 +127,11 @@ class DaliRows:
                 continue
             fetched.append(i)
         ds.counters.add(decodes=len(fetched))
-        kept, errors = prep.prep_into(raws, fetched, epoch, images) if fetched else ([], {})
+        try:
+            kept, errors = prep.prep_into(raws, fetched, epoch, images) if fetched else ([], {})
+        except Exception:
+            self._prep = None  # a failure Prep does not recover from itself: a new pipeline next time
+            raise
         for pos in sorted(errors):
             self._skip_or_raise(SampleError(f"{ds.manifest.path(fetched[pos])}: {errors[pos]}: replace "
                                             "or remove the file, or pass on_error='skip'"))  # as the CPU's

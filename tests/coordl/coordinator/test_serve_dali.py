@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import coordl
+from coordl.coordinator import segments
 from coordl.coordinator.client import status
 from coordl.coordinator.config import ServeConfig
 
@@ -80,6 +81,23 @@ def test_batches_are_the_local_dali_backends_and_close_to_the_cpus(tiny_root, se
     counters = status(served.socket)["counters"]
     assert counters["decodes"] == counters["samples"] >= 2 * N  # it may be preparing epoch 2
     job.coordinator.close()
+
+
+def test_the_cache_serves_every_epoch_after_the_first(tiny_root, serve):
+    from coordl.cache import admin
+
+    served = serve(tiny_root, epochs=2, cache="64MiB", backend="dali")
+    try:
+        ds = coordl.ImageFolder(tiny_root, transform="train", size=32)
+        job = coordl.DataLoader(ds, batch_size=4, shuffle=True, coordinator=served.address, timeout=60)
+        assert [sum(len(labels) for _, labels in job) for _ in range(2)] == [N, N]
+        counters = status(served.socket)["counters"]
+        assert counters["storage_reads"] == N and counters["cache_inserts"] == N    # epoch 0
+        assert counters["cache_hits"] == N and counters["decodes"] == counters["samples"] == 2 * N
+        job.coordinator.close()
+        assert served.wait() == 0
+    finally:
+        admin.drop(segments.SHM_DIR, served.status_at_start["fingerprint"][:16])
 
 
 @pytest.fixture
