@@ -399,6 +399,8 @@ class Daemon:
             self._send(conn, p.Refused(f"{msg.TYPE!r} before 'hello': attach first"))
             self._close(conn, None)
         elif isinstance(msg, p.Resume):
+            log.info("job %d (pid %d) resumes at batch %d of epoch %d (its first epoch: %d)",
+                     conn.job, conn.peer_pid, msg.batches, msg.epoch, msg.start_epoch)
             self._reply(conn, self.scheduler.resume(conn.job, msg.epoch, msg.batches,
                                                     msg.start_epoch))
         elif isinstance(msg, p.Begin):

@@ -21,6 +21,12 @@ slowest job's); a job that attaches to an idle daemon, or while the ring
 still holds the first batch of an epoch, starts with that epoch. Jobs
 launched together all start with the same epoch because the daemon hands out
 no batch while they are still arriving (the join window, scheduler.py).
+
+A job resumed from a checkpoint (client.py `load_state_dict`) is the one
+exception: it continues mid-epoch at global batch
+``first_batch(epoch) + batches`` and keeps its own first epoch, so
+``end_batch(start_epoch)`` is where its epochs end; a batch of it that has
+left the ring is prepared again (scheduler.py).
 """
 
 from __future__ import annotations
