@@ -124,7 +124,10 @@ class Scheduler:
         if batches == bpe:  # the epoch was received whole: the next one
             epoch, batches = epoch + 1, 0
         self._freed(self.slots.drop(job.id))  # what it held from where it attached
-        job.start_epoch, job.end = start_epoch, self.plan.end_batch(start_epoch)
+        end = self.plan.end_batch(start_epoch)
+        if batches and end is not None and self.plan.first_batch(epoch) >= end:
+            return self._had_its_epochs(start_epoch)
+        job.start_epoch, job.end = start_epoch, end
         job.cursor = self.plan.first_batch(epoch) + batches
         job.resume_epoch = epoch if batches else None
         self._extend(job)
@@ -183,16 +186,18 @@ class Scheduler:
         # between epochs: the one at the cursor; inside one: the next (the rest is given up)
         epoch = -(-job.cursor // bpe) if job.epoch is None else job.epoch + 1
         if job.end is not None and self.plan.first_batch(epoch) >= job.end:
-            last = job.start_epoch + self.plan.epochs - 1
-            return p.Refused(f"this job has had its {self.plan.epochs} epochs (the daemon's epochs "
-                             f"{job.start_epoch}-{last}; `coordl serve --epochs "
-                             f"{self.plan.epochs}` gives each job {self.plan.epochs}): iterate "
-                             "fewer epochs, or start the daemon with more (coordl serve --epochs)")
+            return self._had_its_epochs(job.start_epoch)
         for index in list(job.holding):  # handed out (a Next sent ahead) and now given up
             self.release(job.id, index, now)
         self._skip_to(job, self.plan.first_batch(epoch))
         job.epoch, job.epoch_end = epoch, job.cursor + bpe
         return p.EpochStart(epoch, bpe)
+
+    def _had_its_epochs(self, start_epoch: int) -> p.Message:
+        last, n = start_epoch + self.plan.epochs - 1, self.plan.epochs
+        return p.Refused(f"this job has had its {n} epochs (the daemon's epochs "
+                         f"{start_epoch}-{last}; `coordl serve --epochs {n}` gives each job {n}): "
+                         "iterate fewer epochs, or start the daemon with more (coordl serve --epochs)")
 
     def _skip_to(self, job: Job, cursor: int) -> None:
         """Move the cursor forward, releasing the batches the job gives up."""

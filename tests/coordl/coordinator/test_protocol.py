@@ -13,7 +13,7 @@ from coordl.coordinator import protocol as p
 
 def test_every_message_round_trips():
     msgs = [p.Hello(2, "ab" * 32, "/data", 10, "train", 224, 5, "skip", 64, True, False, 42), p.Begin(), p.Next(),
-            p.Release(7), p.Bye(), p.Status()]
+            p.Release(7), p.Bye(), p.Status(), p.Resume(3, 4, 1)]
     reader = p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST)
     wire = b"".join(m.encode() for m in msgs)
     out = []
@@ -22,7 +22,8 @@ def test_every_message_round_trips():
     assert out == msgs
     replies = [p.Welcome(1, 2, "/dev/shm/x", 8, 64, 224, 10, None, 0, 0), p.Ready(3, 0, 1, 64),
                p.EndOfEpoch(0), p.BatchFailed(3, "bad.jpg"), p.Detached("x"), p.ShuttingDown("y"),
-               p.StatusReply({"jobs": [{"job": 1}]}), p.Refused("no"), p.EpochStart(1, 10)]
+               p.StatusReply({"jobs": [{"job": 1}]}), p.Refused("no"), p.EpochStart(1, 10),
+               p.Resumed(1, 3, 4)]
     assert p.FrameReader(p.TO_JOB, p.MAX_REPLY).feed(b"".join(m.encode() for m in replies)) == replies
 
 
@@ -72,3 +73,15 @@ def test_random_bytes_and_pickles_only_raise_protocol_errors():
     evil = pickle.dumps(p.Bye())
     with pytest.raises(p.ProtocolError):
         p.decode(evil, p.TO_DAEMON)
+
+
+def test_resume_fields_are_validated():
+    body = msgpack.packb({"type": "resume", "epoch": 1, "batches": "3", "start_epoch": 0})
+    with pytest.raises(p.ProtocolError, match="'batches'"):
+        p.decode(body, p.TO_DAEMON)
+    body = msgpack.packb({"type": "resume", "epoch": 1, "batches": 3})
+    with pytest.raises(p.ProtocolError, match="has fields"):
+        p.decode(body, p.TO_DAEMON)
+    with pytest.raises(p.ProtocolError, match="not one of"):  # a reply is not a request
+        p.decode(msgpack.packb({"type": "resumed", "start_epoch": 0, "epoch": 1, "batches": 3}),
+                 p.TO_DAEMON)

@@ -371,3 +371,11 @@ def test_resume_is_refused_after_begin_and_out_of_range():
     s.begin(a.id, 0)
     refused = s.resume(a.id, 0, 3, 0)
     assert isinstance(refused, p.Refused) and "resume after this job began" in refused.reason
+
+
+def test_resume_mid_epoch_past_the_jobs_epochs_is_refused():
+    s = make(items=40, epochs=2)
+    a = attach(s, 1)
+    refused = s.resume(a.id, 2, 3, 0)  # epochs 0 and 1 were its own: epoch 2 is not
+    assert isinstance(refused, p.Refused) and "had its 2 epochs" in refused.reason
+    assert s.resume(a.id, 1, 3, 0) == p.Resumed(0, 1, 3)
