@@ -190,6 +190,7 @@ class Scheduler:
         for index in list(job.holding):  # handed out (a Next sent ahead) and now given up
             self.release(job.id, index, now)
         self._skip_to(job, self.plan.first_batch(epoch))
+        self._extend(job)  # what it holds from its new cursor on
         job.epoch, job.epoch_end = epoch, job.cursor + bpe
         return p.EpochStart(epoch, bpe)
 
