@@ -140,3 +140,16 @@ def test_cpu_profile_never_synchronizes_cuda(ds, monkeypatch):
 def test_the_users_dataset_is_left_as_it_was(ds):
     profile(tiny_step(), ds, batch_size=4, num_workers=1, steps=1, progress=False)
     assert ds.cache is None and ds.drop_page_cache is False
+
+
+def test_repeats_keep_the_median_of_interleaved_rounds(ds):
+    r = profile(tiny_step(), ds, batch_size=4, num_workers=1, steps=1, repeats=3, validate=True,
+                progress=False)
+    rounds = r.measured["rounds"]
+    assert set(rounds) == {"ingest", "alone1", "cached1", "profiled", "validate0", "validate1"}
+    assert all(len(v) == 3 for v in rounds.values())
+    assert r.rates["prep"] == sorted(rounds["cached1"])[1]
+    assert r.rates["fetch"] == sorted(rounds["profiled"])[1]
+    assert r.validation[1]["measured"] == sorted(rounds["validate1"])[1]
+    with pytest.raises(ConfigError, match="repeats=0"):
+        profile(tiny_step(), ds, batch_size=4, num_workers=1, steps=1, repeats=0, progress=False)
