@@ -63,6 +63,19 @@ def no_leaks():
     pytest.fail("; ".join(msg))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def manifest_cache(tmp_path_factory):
+    """Saved manifests go to a folder of this session (and to its subprocesses), not ~/.cache."""
+    path = str(tmp_path_factory.mktemp("manifests"))
+    old = os.environ.get("COORDL_MANIFEST_CACHE")
+    os.environ["COORDL_MANIFEST_CACHE"] = path
+    yield path
+    if old is None:
+        os.environ.pop("COORDL_MANIFEST_CACHE", None)
+    else:
+        os.environ["COORDL_MANIFEST_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> str:
     """40 JPEGs, 4 classes, 160x120: fast to decode."""
