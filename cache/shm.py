@@ -40,7 +40,6 @@ from coordl.errors import CacheError, ConfigError, CoordlError
 
 #: The node's shared-memory folder: every coordl segment lives here unless told otherwise.
 SHM_DIR = "/dev/shm"
-DEFAULT_DIR = SHM_DIR  # the older name (coordl/caching.py)
 #: Every file coordl creates in a shared-memory folder starts with this.
 COORDL_PREFIX = "coordl-"
 PREFIX = COORDL_PREFIX + "cache-"

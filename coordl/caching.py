@@ -45,7 +45,7 @@ class MinIOCache(minio.MinIOCache):
     attaches to it and hits at once.
     """
 
-    def __init__(self, capacity: int | str, *, directory: str = shm.DEFAULT_DIR,
+    def __init__(self, capacity: int | str, *, directory: str = shm.SHM_DIR,
                  name: str | None = None) -> None:
         super().__init__(parse_size(capacity, "capacity"), directory=directory, name=name)
 

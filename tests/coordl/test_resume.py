@@ -25,7 +25,7 @@ def own_root(tiny_root, tmp_path):
     shutil.copytree(tiny_root, root, copy_function=shutil.copy)
     yield root
     ds = coordl.ImageFolder(root, transform="train", size=24)
-    path = os.path.join(shm.DEFAULT_DIR, shm.segment_name(ds.fingerprint))
+    path = os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint))
     if os.path.exists(path):
         os.unlink(path)
 
