@@ -86,13 +86,15 @@ def test_batches_are_the_local_dali_backends_and_close_to_the_cpus(tiny_root, se
 def test_the_cache_serves_every_epoch_after_the_first(tiny_root, serve):
     from coordl.cache import admin
 
-    served = serve(tiny_root, epochs=2, cache="64MiB", backend="dali")
+    # one worker: chunks run in order, so no chunk of epoch 1 reads an item before the chunk of
+    # epoch 0 that caches it (with two, epoch 1's first chunk may run beside epoch 0's last)
+    served = serve(tiny_root, epochs=2, cache="64MiB", backend="dali", workers=1)
     try:
         ds = coordl.ImageFolder(tiny_root, transform="train", size=32)
         job = coordl.DataLoader(ds, batch_size=4, shuffle=True, coordinator=served.address, timeout=60)
         assert [sum(len(labels) for _, labels in job) for _ in range(2)] == [N, N]
         counters = status(served.socket)["counters"]
-        assert counters["storage_reads"] == N and counters["cache_inserts"] == N    # epoch 0
+        assert counters["storage_reads"] == N and counters["cache_inserts"] == N, counters  # epoch 0
         assert counters["cache_hits"] == N and counters["decodes"] == counters["samples"] == 2 * N
         job.coordinator.close()
         assert served.wait() == 0
