@@ -46,31 +46,12 @@ import tempfile
 import time
 
 import cgroup
+import pagecache
 import report
 
 SIDES = ("partitioned", "minio", "none")
 WORLD = 3
 MiB = 2**20
-
-
-def _evict(paths: list[str]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def _read_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/io") as f:
-                total += next(int(ln.split()[1]) for ln in f if ln.startswith("read_bytes"))
-        except (OSError, StopIteration):
-            pass
-    return total
 
 
 def _free_port() -> int:
@@ -99,15 +80,19 @@ def _server(rank: int, args, side: str, urls: list[str], budget: int, procs_file
                                persistent_workers=args.workers > 0, rank=rank, world_size=WORLD,
                                cache=cache, drop_page_cache=True)
     me = psutil.Process()
+
+    def read_bytes() -> int:  # this node process and its loader's workers
+        return pagecache.read_bytes([me.pid] + [c.pid for c in me.children(recursive=True)])
+
     try:
         for epoch in range(args.epochs):
             barrier.wait()
-            before, io0 = loader.stats(), _read_bytes([me.pid] + [c.pid for c in me.children(recursive=True)])
+            before, io0 = loader.stats(), read_bytes()
             t0 = time.perf_counter()
             for _ in loader:
                 pass
             dt = time.perf_counter() - t0
-            after, io1 = loader.stats(), _read_bytes([me.pid] + [c.pid for c in me.children(recursive=True)])
+            after, io1 = loader.stats(), read_bytes()
             delta = {k: after[k] - before[k] for k in ("storage_bytes", "storage_reads", "remote_bytes",
                                                           "remote_hits", "local_hits", "cache_hits")}
             out.put((rank, epoch, {"time_s": dt, "disk_read_bytes": io1 - io0, **delta}))
@@ -121,7 +106,7 @@ def run_side(args, side: str, budget: int, files: list[str]) -> list[list[dict]]
     """Per server, per epoch: the measurements of one side."""
     from coordl.cache import redisnode
 
-    _evict(files)
+    pagecache.evict(files)
     throttle = (cgroup.disk_of(args.data), int(args.throttle_mbps * MiB)) if args.throttle_mbps else None
     nodes, urls = [], []
     tmp = tempfile.mkdtemp(prefix="coordl-bench-redis-")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import resource
 import threading
 import time
@@ -162,20 +161,10 @@ def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache,
     return Timed(timed.samples, timed.seconds, timed.cpu_self, children, loader.stats())
 
 
-def evict(paths: Iterable[str]) -> None:
-    """Drop the files' clean pages from the page cache (no root needed)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, float]:
     """(bytes/s, CPU seconds per file) of cold whole-file reads of `paths` by `readers` threads
     at once."""
-    evict(paths)
+    storage.evict(paths)
     c0 = _cpu(resource.RUSAGE_SELF)
     total = 0
     lock = threading.Lock()
@@ -194,7 +183,7 @@ def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, float]:
 
 def read_latency(paths: list[str], gap: float = 0.02) -> float:
     """Median seconds of one cold whole-file read, the reads `gap` seconds apart (an idle storage)."""
-    evict(paths)
+    storage.evict(paths)
     times = []
     for p in paths:
         time.sleep(gap)

@@ -88,7 +88,7 @@ class _Session:
 
     def run(self, workers: int, cache, train_step, desc: str) -> measure.Timed:
         if cache is None:
-            measure.evict(self.paths)
+            storage.evict(self.paths)
         return measure.loader_rate(self.ds, self.items(), self.batch_size, workers, cache, train_step,
                                    WARMUP, self.steps, self.sync, desc, self.progress)
 
@@ -152,7 +152,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     latency = measure.read_latency(sample_paths[:LATENCY_READS])
 
     full = s.cache("all", s.total_bytes)
-    measure.evict(s.paths)
+    storage.evict(s.paths)
     measure.fill_cache(full, len(s.ds), range(len(s.ds)),
                        lambda i: storage.read_file(s.paths[i], drop_page_cache=True))
     memory_bw = measure.memory_bandwidth(full, len(s.ds))
