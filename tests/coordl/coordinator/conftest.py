@@ -159,3 +159,24 @@ def jobs(tmp_path):
         for stream in (job.proc.stdout, job.proc.stderr):
             if not stream.closed:
                 stream.close()
+
+
+def _drain(loader) -> tuple[int, list[str]]:
+    """One epoch of `loader`, going on past batches that fail: (images received, error messages)."""
+    import coordl
+
+    got, errors = 0, []
+    it = iter(loader)
+    while True:
+        try:
+            got += next(it)[0].shape[0]
+        except StopIteration:
+            return got, errors
+        except coordl.SampleError as e:
+            errors.append(str(e))
+
+
+@pytest.fixture
+def drain():
+    """drain(loader) -> (images, errors): one epoch that goes on past failed batches."""
+    return _drain

@@ -235,7 +235,7 @@ def test_daemon_refuses_garbage_and_keeps_serving(tiny_root, serve):
     assert len([x for x, _ in _loader(tiny_root, served)]) == 10
 
 
-def test_a_bad_image_fails_its_batch_in_the_jobs_or_is_skipped(tiny_root, serve, tmp_path):
+def test_a_bad_image_fails_its_batch_in_the_jobs_or_is_skipped(tiny_root, serve, tmp_path, drain):
     root = str(tmp_path / "bad")
     shutil.copytree(tiny_root, root)
     cls = os.path.join(root, sorted(os.listdir(root))[0])
@@ -244,15 +244,7 @@ def test_a_bad_image_fails_its_batch_in_the_jobs_or_is_skipped(tiny_root, serve,
         f.write(b"not a jpeg at all")
     served = serve(root, batch_size=8)
     loader = _loader(root, served, batch_size=8)
-    got, errors = 0, []
-    it = iter(loader)
-    while True:
-        try:
-            got += next(it)[0].shape[0]
-        except StopIteration:
-            break
-        except coordl.SampleError as e:
-            errors.append(str(e))
+    got, errors = drain(loader)
     assert len(errors) == 1 and os.path.basename(broken) in errors[0] and got == 32
     # one epoch only: a daemon serving more would start preparing the next epoch (and skip
     # the broken file again) while this job is still reading the first

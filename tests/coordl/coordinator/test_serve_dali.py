@@ -123,20 +123,12 @@ BAD = {0: ("0_text.jpg", "not an image"), 11: ("0_cut.jpg", "DALI cannot decode 
        22: ("0_dangling.jpg", "cannot read the file")}
 
 
-def test_bad_images_fail_their_batch_naming_the_file_or_are_skipped_and_counted(bad_root, serve):
+def test_bad_images_fail_their_batch_naming_the_file_or_are_skipped_and_counted(bad_root, serve, drain):
     served = serve(bad_root, backend="dali", no_shuffle=True, epochs=1)
     ds = coordl.ImageFolder(bad_root, transform="train", size=32)
     assert [os.path.basename(ds.manifest.path(i)) for i in BAD] == [name for name, _ in BAD.values()]
     job = coordl.DataLoader(ds, batch_size=4, shuffle=False, coordinator=served.address, timeout=60)
-    got, errors = 0, []
-    it = iter(job)
-    while True:
-        try:
-            got += next(it)[0].shape[0]
-        except StopIteration:
-            break
-        except coordl.SampleError as e:
-            errors.append(str(e))
+    got, errors = drain(job)
     assert len(errors) == 3 and got == N + 3 - 12
     for text, (name, why) in zip(errors, BAD.values()):
         assert name in text and why in text and "on_error='skip'" in text, text
