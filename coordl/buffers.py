@@ -7,45 +7,55 @@ writes the first image into it, and the training process maps the buffer
 anew and faults again when it reads it. For 224x224 images that is ~0.17 ms
 an image, ~9% of coordl's whole per-image cost (bench/results/steps-photo.md).
 
-So each worker keeps a few buffers ("slots") and writes a batch into one
-the training process no longer uses. Who may touch a slot is one byte in a
-small shared table, `state[worker, slot]`:
+So each worker keeps a few buffers (`WorkerBuffers`, made in the worker) and
+writes a batch into one the training process no longer uses. Who may touch a
+buffer is one byte in its own trailer, after the pixels:
 
-    FREE -> LENT   the worker, when it starts writing a batch into the slot
-    LENT -> FREE   the training process, once no tensor there refers to the
-                   batch any more (the storage's use count is 1: only the
-                   loader's own handle), or at once when pin_memory copied it
+    FREE -> LENT     the worker, when it starts writing a batch into the buffer
+    LENT -> FREE     the training process, once no tensor there refers to the
+                     batch any more (the storage's use count is 1: only the
+                     `Lender`'s own handle)
+    any  -> RETIRED  the worker, when it drops the buffer for a bigger one
+
+The training process learns of a batch when it *unpickles* it (`arrived`,
+called by coordl's `Batch`), whatever iterator or loader class received it:
+coordl's own, torch's, or the one Accelerate's `prepare()` builds. The
+process-wide `LENDER` keeps one handle per buffer, so that the buffer stays
+mapped (torch's shared-storage cache maps the next batch in it to the same
+memory), and on each arrival frees the buffers nothing refers to. The
+trailer also holds the worker's pid: the handles of a worker that is gone
+are dropped when a new worker shows up (`sweep`), or when coordl's own
+iterator shuts its workers down.
 
 Each side writes only its own transition, so no lock is needed on x86-64,
 whose total store order keeps the training process's last reads of a batch
 before its FREE store. A weakly ordered CPU (aarch64, POWER) may let the worker
 see FREE and overwrite the buffer before those reads are done, and nothing
-here orders them, so `BatchPool` refuses to run there (`check_platform`:
+here orders them, so `WorkerBuffers` refuses to run there (`check_platform`:
 pass ``reuse_buffers=False``). The MinIO cache has no such limit: its readers
 verify a checksum and take the lock on a mismatch (cache/layout.py NOTE). A batch the
-user keeps (a list of batches, gradient accumulation) keeps its slot LENT;
+user keeps (a list of batches, gradient accumulation) keeps its buffer LENT;
 the worker then allocates a fresh buffer, as torch does, and counts it in
 `stats()["batch_buffers"]`. The buffers are torch's anonymous shared memory
 (file-descriptor strategy: no name in /dev/shm): a worker's die with it, the
-training process's with the last tensor that views them.
-
-A pool belongs to one set of worker processes: `coordl.DataLoader` makes a
-new one whenever torch starts workers, so a slot number never refers to the
-buffer of a worker that is gone.
+training process's with the last handle.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import platform
+import threading
 
 import numpy as np
 import torch
 
 from .errors import ConfigError
 
-FREE, LENT = 0, 1
-#: Slots per worker beyond prefetch_factor: the batch being written, the one
-#: the training step holds, the one it just dropped (seen at the next batch).
+FREE, LENT, RETIRED = 0, 1, 2
+#: Buffers per worker beyond prefetch_factor: the batch being written, the one
+#: the training step holds, the one it just dropped (seen at the next arrival).
 EXTRA_SLOTS = 3
 
 
@@ -73,77 +83,131 @@ def check_platform(machine: str | None = None) -> None:
             "buffer as torch does")
 
 
-class BatchPool:
-    """The slot table (shared) and, in a worker, that worker's buffers (process-local)."""
+#: Bytes after a buffer's pixels: the flag (byte 0), a magic (1-7), the worker's pid (8-15).
+TRAILER = 64
+_MAGIC = b"coordlB"
 
-    def __init__(self, num_workers: int, slots: int) -> None:
+
+def _trailer_at(storage: torch.UntypedStorage) -> int:
+    return storage.data_ptr() + storage.nbytes() - TRAILER
+
+
+class WorkerBuffers:
+    """A worker's reusable batch buffers (process-local: made lazily in the worker process)."""
+
+    def __init__(self, slots: int) -> None:
         check_platform()
-        self.state = torch.zeros((num_workers, slots), dtype=torch.uint8).share_memory_()
-        self._flags: np.ndarray | None = None
-        self._buffers: list[torch.UntypedStorage | None] = []
+        self.slots = slots
+        self.pid = os.getpid()
+        self._buffers: list[torch.UntypedStorage] = []
+        self._flags: list[np.ndarray] = []   # byte 0 of each buffer's trailer
 
-    def __getstate__(self) -> dict:
-        return {"state": self.state, "_flags": None, "_buffers": []}
+    def _new(self, nbytes: int) -> tuple[torch.UntypedStorage, np.ndarray]:
+        capacity = -(-nbytes // TRAILER) * TRAILER
+        buf = new_shared(capacity + TRAILER)
+        trailer = torch.empty(0, dtype=torch.uint8).set_(buf, capacity, (TRAILER,)).numpy()
+        trailer[1:8] = np.frombuffer(_MAGIC, dtype=np.uint8)
+        trailer[8:16] = np.frombuffer(np.int64(self.pid).tobytes(), dtype=np.uint8)
+        return buf, trailer
 
-    @property
-    def slots(self) -> int:
-        return self.state.shape[1]
-
-    # -- worker side --
-    def acquire(self, worker: int, nbytes: int) -> tuple[torch.UntypedStorage, int | None, bool]:
-        """(buffer of >= nbytes, its slot or None, whether it was newly allocated); marks it LENT."""
-        if self._flags is None:
-            self._flags = self.state.numpy()[worker]
-            self._buffers = [None] * self.slots
-        flags = self._flags
-        for slot in range(self.slots):
-            if flags[slot] != FREE:
+    def acquire(self, nbytes: int) -> tuple[torch.UntypedStorage, bool, bool]:
+        """(buffer of >= nbytes, whether it is one of this worker's reusable ones, whether it was
+        newly allocated); a reusable one is marked LENT until the training process lets go."""
+        for n, flags in enumerate(self._flags):
+            if flags[0] != FREE:
                 continue
-            buf = self._buffers[slot]
-            fresh = buf is None or buf.nbytes() < nbytes
-            if fresh:
-                self._buffers[slot] = None  # drop the small one first
-                buf = self._buffers[slot] = new_shared(nbytes)
-            flags[slot] = LENT
-            return buf, slot, fresh
-        return new_shared(nbytes), None, True
+            buf, fresh = self._buffers[n], False
+            if buf.nbytes() - TRAILER < nbytes:
+                flags[0] = RETIRED  # the training process drops its handle of the small one
+                buf, flags = self._new(nbytes)
+                self._buffers[n], self._flags[n], fresh = buf, flags, True
+            flags[0] = LENT
+            return buf, True, fresh
+        if len(self._buffers) < self.slots:
+            buf, flags = self._new(nbytes)
+            flags[0] = LENT
+            self._buffers.append(buf)
+            self._flags.append(flags)
+            return buf, True, True
+        return new_shared(nbytes), False, True
 
-    def give_back(self, slot: int | None) -> None:
-        """Worker side: the batch written into `slot` is not sent after all (it raised)."""
-        if slot is not None and self._flags is not None:
-            self._flags[slot] = FREE
+    def give_back(self, buf: torch.UntypedStorage) -> None:
+        """The batch written into `buf` is not sent after all (it raised)."""
+        for n, mine in enumerate(self._buffers):
+            if mine.data_ptr() == buf.data_ptr():
+                self._flags[n][0] = FREE
 
 
 class Lender:
-    """Training-process side: watches the batches handed out and frees their slots when unused."""
+    """Training-process side: one handle per worker buffer seen, freed once nothing uses it."""
 
-    def __init__(self, pool: BatchPool) -> None:
-        self.pool = pool
-        self._state = pool.state.numpy()
-        # (worker, slot) -> the one storage handle this process keeps, so that the buffer stays
-        # mapped (torch's shared-storage cache maps the next batch in it to the same memory)
-        self._mapped: dict[tuple[int, int], torch.UntypedStorage] = {}
-        self._lent: set[tuple[int, int]] = set()
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # buffer address -> (the one storage handle this process keeps, its flag byte, worker pid)
+        self._mapped: dict[int, tuple[torch.UntypedStorage, ctypes.c_uint8, int]] = {}
+        self._lent: set[int] = set()
+        self._pids: set[int] = set()
 
-    def received(self, images: torch.Tensor, worker: int, slot: int) -> None:
-        key = (worker, slot)
+    def __len__(self) -> int:
+        return len(self._mapped)
+
+    def arrived(self, images: torch.Tensor) -> None:
+        """A batch written into a worker buffer reached this process (called as it is unpickled)."""
         storage = images.untyped_storage()
-        if not storage.is_shared():
-            # pin_memory copied the batch and dropped the shared buffer already
-            self._state[key] = FREE
+        if storage.nbytes() < TRAILER or not storage.is_shared():
             return
-        kept = self._mapped.get(key)
-        if kept is None or kept.data_ptr() != storage.data_ptr():
-            self._mapped[key] = storage  # first time, or the worker replaced the buffer
-        del storage  # exactly one handle of ours, so that use_count == 1 means "unused"
-        self._lent.add(key)
+        at = _trailer_at(storage)
+        if ctypes.string_at(at + 1, 7) != _MAGIC:
+            return  # not a coordl worker buffer: leave it alone
+        with self._lock:
+            self._release_unused()
+            key = storage.data_ptr()
+            if key not in self._mapped:
+                pid = int.from_bytes(ctypes.string_at(at + 8, 8), "little", signed=True)
+                self._mapped[key] = (storage, ctypes.c_uint8.from_address(at), pid)
+                if pid not in self._pids:
+                    self._pids.add(pid)
+                    self._sweep()
+            del storage  # exactly one handle of ours, so that use_count == 1 means "unused"
+            self._lent.add(key)
 
-    def discarded(self, worker: int, slot: int) -> None:
-        """A batch that is dropped unseen (an epoch left unfinished): its slot is free at once."""
-        self._state[worker, slot] = FREE
+    def _release_unused(self) -> None:
+        for key, (storage, flag, _pid) in list(self._mapped.items()):
+            if use_count(storage) != 1:
+                continue
+            if flag.value == RETIRED:
+                self._lent.discard(key)
+                del self._mapped[key]
+            elif key in self._lent:
+                self._lent.discard(key)
+                flag.value = FREE
 
-    def release_unused(self) -> None:
-        """Give back every slot whose batch no tensor refers to any more."""
-        for key in [k for k in self._lent if use_count(self._mapped[k]) == 1]:
-            self._lent.discard(key)
-            self._state[key] = FREE
+    def _sweep(self) -> None:
+        """Drop the handles of buffers whose worker is gone and that nothing here uses."""
+        dead = {pid for pid in self._pids if not _alive(pid)}
+        if not dead:
+            return
+        for key, (storage, _flag, pid) in list(self._mapped.items()):
+            if pid in dead and use_count(storage) == 1:
+                self._lent.discard(key)
+                del self._mapped[key]
+        self._pids = (self._pids - dead) | {pid for _s, _f, pid in self._mapped.values()}
+
+    def sweep(self) -> None:
+        with self._lock:
+            self._release_unused()
+            self._sweep()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+#: The training process's lender: every coordl batch that arrives from a worker reports here.
+LENDER = Lender()

@@ -30,7 +30,7 @@ import torch
 from coordl.cache import storage
 from coordl.pipelines import cpu, crop
 
-from .buffers import new_shared
+from .buffers import WorkerBuffers, new_shared
 from .errors import ConfigError, CoordinatorError, SampleError
 from .manifest import IMG_EXTENSIONS, scan
 from .stats import Counters
@@ -76,13 +76,13 @@ _ON_ERROR = ("raise", "skip")
 class PreparedBatch(list):
     """A batch built by `__getitems__`: a list of (image, label) views, for
     torch's default_collate, that also carries the stacked tensors so that
-    coordl's collate returns them without a copy, and the (worker, slot) of
-    its buffer when it is a reused one (coordl/buffers.py)."""
+    coordl's collate returns them without a copy, and
+    whether its buffer is one of a worker's reusable ones (coordl/buffers.py)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int],
-                 slot: tuple[int, int] | None = None):
+                 pooled: bool = False):
         super().__init__(zip(images, labels.tolist()))
-        self.images, self.labels, self.indices, self.slot = images, labels, indices, slot
+        self.images, self.labels, self.indices, self.pooled = images, labels, indices, pooled
 
 
 class CoordlDataset(torch.utils.data.Dataset):
@@ -109,11 +109,11 @@ class CoordlDataset(torch.utils.data.Dataset):
         """A light copy of this dataset that counts into `counters` and reads through `cache`.
 
         The copy shares everything read-only (the manifest arrays); the loader owns it and
-        may set its batch pool and epoch. The dataset the user passed is never changed.
+        may set its batch buffers and epoch. The dataset the user passed is never changed.
         """
         bound = copy.copy(self)
         bound.counters, bound.cache, bound.drop_page_cache = counters, cache, bool(drop_page_cache)
-        bound.batch_pool = None
+        bound.batch_slots, bound._buffers = 0, None
         return bound
 
     @property
@@ -173,7 +173,8 @@ class ImageFolder(CoordlDataset):
         # What a loader's bound copy (`bind`) replaces; the user's object keeps these defaults.
         self.counters: Any = _NO_COUNTERS  # coordl.stats.Counters of the loader
         self.cache: Any = None             # a MinIO or partitioned cache
-        self.batch_pool: Any = None        # reusable worker batch buffers (coordl/buffers.py)
+        self.batch_slots = 0               # reusable batch buffers a worker may keep (coordl/buffers.py)
+        self._buffers: Any = None          # ... and, in a worker process, those buffers
         self.drop_page_cache = False       # read storage without leaving pages behind
         self.coordinator: Any = None       # the daemon client of a coordinated loader
         self._coordinated_epoch: Any = None
@@ -278,19 +279,19 @@ class ImageFolder(CoordlDataset):
                     out.append(sample)
             self.counters.add(samples=len(out))
             return out
-        images, slot = self._alloc_batch(len(indices))
+        images, pooled = self._alloc_batch(len(indices))
         labels = np.empty(len(indices), dtype=np.int64)
         kept: list[int] = []
         try:
             self.prep_rows(indices, epoch, images.numpy(), labels, kept=kept)
         except BaseException:
-            if slot is not None:
-                self.batch_pool.give_back(slot[1])
+            if pooled:
+                self._buffers.give_back(images.untyped_storage())
             raise
         n = len(kept)
         targets = torch.from_numpy(labels[:n]) if self.target_transform is None else \
             torch.utils.data.default_collate([self._target(i) for i in kept])
-        return PreparedBatch(images[:n].permute(0, 3, 1, 2), targets, kept, slot)
+        return PreparedBatch(images[:n].permute(0, 3, 1, 2), targets, kept, pooled)
 
     def _from_coordinator(self, indices: Sequence[int]) -> PreparedBatch:
         """The daemon's next batch, for a loader a framework re-created from ``loader.dataset``
@@ -354,22 +355,24 @@ class ImageFolder(CoordlDataset):
         self.counters.add(samples=row)
         return row
 
-    def _alloc_batch(self, n: int) -> tuple[torch.Tensor, tuple[int, int] | None]:
-        """uint8 (n, size, size, 3) and its (worker, slot): in shared memory in a worker process,
-        a reused buffer when the loader gave the dataset a pool (coordl/buffers.py)."""
+    def _alloc_batch(self, n: int) -> tuple[torch.Tensor, bool]:
+        """uint8 (n, size, size, 3), and whether it is in a reusable buffer: in shared memory in a
+        worker process, one of the worker's reusable buffers when the loader allows them
+        (``batch_slots``, coordl/buffers.py)."""
         size = self.size
-        info = torch.utils.data.get_worker_info()
-        if info is None:
-            return torch.empty((n, size, size, 3), dtype=torch.uint8), None
+        if torch.utils.data.get_worker_info() is None:
+            return torch.empty((n, size, size, 3), dtype=torch.uint8), False
         nbytes = n * size * size * 3
-        if self.batch_pool is not None:
-            storage_, slot, fresh = self.batch_pool.acquire(info.id, nbytes)
+        if self.batch_slots and (self._buffers is None or self._buffers.pid != os.getpid()):
+            self._buffers = WorkerBuffers(self.batch_slots)
+        if self.batch_slots:
+            storage_, pooled, fresh = self._buffers.acquire(nbytes)
         else:
-            storage_, slot, fresh = new_shared(nbytes), None, True
+            storage_, pooled, fresh = new_shared(nbytes), False, True
         if fresh:
             self.counters.add(batch_buffers=1)
         images = torch.empty(0, dtype=torch.uint8).set_(storage_, 0, (n, size, size, 3))
-        return images, None if slot is None else (info.id, slot)
+        return images, pooled
 
     def _try(self, work: Callable[[], Any]) -> Any:
         try:

@@ -44,12 +44,12 @@ from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, defau
 from torch.utils.data.distributed import DistributedSampler
 
 from . import resume
-from .buffers import EXTRA_SLOTS, TSO_MACHINES, BatchPool, check_platform
+from .buffers import EXTRA_SLOTS, LENDER, TSO_MACHINES, check_platform
 from .caching import cache_for
 from .coordinator.client import connect
 from .dataset import CoordlDataset, PreparedBatch
 from .errors import ConfigError
-from .iterators import MultiIter, PooledIter, Position, SingleIter
+from .iterators import MultiIter, Position, SingleIter
 from .sampling import EpochBatch, EpochIndex, PlanSampler, check_rank, plan_sampler
 from .stats import KEYS, Counters
 
@@ -92,21 +92,28 @@ class _IndexStream:
 
 
 class Batch(list):
-    """[images, labels] as torch's collate gives them, plus the (worker, slot) of the images'
-    reusable buffer (coordl/buffers.py) or None."""
+    """[images, labels] as torch's collate gives them; `pooled` when the images are in one of a
+    worker's reusable buffers, which the process that unpickles the batch reports to the lender
+    (coordl/buffers.py), whichever iterator received it."""
 
-    def __init__(self, items, slot: tuple[int, int] | None = None) -> None:
+    def __init__(self, items, pooled: bool = False) -> None:
         super().__init__(items)
-        self.slot = slot
+        self.pooled = pooled
 
     def __reduce__(self):
-        return Batch, (list(self), self.slot)
+        return _arrived, (list(self), self.pooled)
+
+
+def _arrived(items, pooled: bool) -> Batch:
+    if pooled:
+        LENDER.arrived(items[0])
+    return Batch(items)
 
 
 def collate(batch: Any) -> Any:
     """Collate for coordl datasets: a `PreparedBatch` as is, anything else as torch does."""
     if isinstance(batch, PreparedBatch):
-        return Batch([batch.images, batch.labels], batch.slot)
+        return Batch([batch.images, batch.labels], batch.pooled)
     return default_collate(batch)
 
 
@@ -215,6 +222,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         elif reuse_buffers:
             check_platform()
         self.reuse_buffers = bool(reuse_buffers)
+        self._lend_buffers()
         self.backend = backend
         if dali_device not in ("cpu", "gpu"):
             raise ConfigError(f"dali_device={dali_device!r} must be 'cpu' or 'gpu' (DALI's mixed decode)")
@@ -305,12 +313,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _get_iterator(self):
         if self.num_workers == 0:
             return SingleIter(self, self._position)
-        # a new set of worker processes starts here: give them a new pool of batch buffers
-        if (self._coordl_dataset and self.reuse_buffers and self.collate_fn is collate
-                and self._auto_collation):
-            self.dataset.batch_pool = BatchPool(self.num_workers, self.prefetch_factor + EXTRA_SLOTS)
-            return PooledIter(self, self._position, self.dataset.batch_pool)
+        self._lend_buffers()  # before torch starts the workers, which copy the dataset
         return MultiIter(self, self._position)
+
+    def _lend_buffers(self) -> None:
+        """Tell the bound dataset how many reusable batch buffers each worker may keep (0: none).
+
+        Set on the dataset, not the iterator, so that a loader a framework re-creates from
+        ``loader.dataset`` (Accelerate's `prepare`) reuses buffers too (coordl/buffers.py)."""
+        if not self._coordl_dataset:
+            return
+        pooled = self.reuse_buffers and self.collate_fn is collate and self._auto_collation
+        self.dataset.batch_slots = (self.prefetch_factor or 2) + EXTRA_SLOTS if pooled else 0
 
     @property
     def _bound(self):

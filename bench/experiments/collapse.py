@@ -19,7 +19,7 @@ STAGES = [
     ("Image.open (header parse)", ("open (PIL/Image.py", "JpegImagePlugin", "open_image (")),
     ("augmentation RNG + crop box", ("item_rng (", "random_resized_crop_box (", "flip (pipelines")),
     ("file read", ("read_file (",)),
-    ("batch buffer in shared memory", ("_alloc_batch (", "_new_shared", "BatchPool.", "new_shared (")),
+    ("batch buffer in shared memory", ("_alloc_batch (", "_new_shared", "WorkerBuffers.", "new_shared (")),
     ("counters", ("Counters.",)),
     ("coordl glue (prep, __getitems__)", ("ImageFolder.", "train (pipelines", "_decode_for (")),
     ("main process: receive batches", ("_next_data (", "_get_data (", "_try_get_data (", "Lender.",

@@ -99,7 +99,29 @@ def test_a_custom_collate_gets_no_pool(tiny_root):
     loader = coordl.DataLoader(ds, batch_size=BATCH, num_workers=WORKERS,
                                collate_fn=lambda b: torch.stack([x for x, _ in b]))
     assert sum(len(x) for x in loader) == len(ds)
-    assert loader.dataset.batch_pool is None and ds.batch_pool is None
+    assert loader.dataset.batch_slots == 0 and ds.batch_slots == 0
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_torch_loader_rebuilt_from_the_dataset_reuses_buffers_too(tiny_root, persistent):
+    # what Accelerate's prepare() does: a new loader of another class from loader.dataset, the
+    # batch sampler (the plan's, which takes set_epoch) and the collate function; its iterator
+    # is torch's own
+    def plan_loader():
+        ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=3)
+        return coordl.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
+                                 persistent_workers=persistent)
+
+    held = plan_loader()
+    want = [list(held) for _ in range(2)]  # every batch held: nothing can be reused, the truth
+    coordl_loader = plan_loader()
+    rebuilt = torch.utils.data.DataLoader(coordl_loader.dataset, batch_sampler=coordl_loader.batch_sampler,
+                                          collate_fn=coordl_loader.collate_fn, num_workers=WORKERS,
+                                          persistent_workers=persistent)
+    for e in range(2):
+        rebuilt.batch_sampler.sampler.set_epoch(e)  # as Accelerate does at each iter()
+        _same([(x.clone(), y.clone()) for x, y in rebuilt], want[e])
+    assert coordl.loader_stats(rebuilt)["batch_buffers"] <= (1 if persistent else 2) * WORKERS * SLOTS
 
 
 def test_reuse_buffers_false_allocates_every_batch(tiny_root):

@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from coordl.buffers import BatchPool, check_platform
+from coordl.buffers import WorkerBuffers, check_platform
 from coordl.errors import ConfigError
 
 
@@ -20,10 +20,10 @@ def test_weakly_ordered_cpus_are_refused_with_the_platform_and_the_fix(machine):
 def test_x86_64_runs_the_lock_free_path():
     check_platform("x86_64")
     if platform.machine() == "x86_64":
-        assert BatchPool(2, 3).state.shape == (2, 3)   # this machine: the pool is made
+        assert WorkerBuffers(3).slots == 3   # this machine: a worker keeps its buffers
     else:
         with pytest.raises(ConfigError, match=platform.machine()):
-            BatchPool(2, 3)
+            WorkerBuffers(3)
 
 
 def test_the_loader_default_follows_the_platform(tiny_root):

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+from coordl.buffers import EXTRA_SLOTS
+
 
 def _records(out, n):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
@@ -28,6 +30,9 @@ def test_one_process_keeps_the_cache_and_counters(ids_root, tmp_path, job):
     # persistent workers (the epoch travels with the indices): coordl's own loader's batches
     assert rec["epochs"] == rec["plan"]
     assert rec["digests"] == rec["reference"] and rec["digests"][0] != rec["digests"][1]
+    # Accelerate's iterator is torch's, yet the workers reuse their batch buffers: 3 epochs x 8
+    # batches fit in the 2 workers' 2 x 5 buffers (persistent workers, prefetch_factor 2)
+    assert third["batch_buffers"] <= 2 * (2 + EXTRA_SLOTS) < 3 * 8
 
 
 def test_two_processes_under_torchrun_shard_once(ids_root, tmp_path, job):
