@@ -36,6 +36,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="worker processes / DALI threads")
     p.add_argument("--pil-path", default=None, help="directory put first on sys.path (plain Pillow)")
     p.add_argument("--expect-pil", choices=["plain", "simd"], default=None)
+    p.add_argument("--coordl-path", default=None,
+                   help="directory put first on sys.path before coordl is imported (an earlier coordl, "
+                        "bench/before.py)")
     p.add_argument("--dali-variant", default="fused", choices=["fused", "tuned"])
     p.add_argument("--floor-cpu", type=int, default=None, help="pin the floor to this one CPU")
     return p.parse_args()
@@ -219,11 +222,18 @@ def main() -> None:
     a = _args()
     if a.pil_path:
         sys.path.insert(0, os.path.abspath(a.pil_path))
+    if a.coordl_path:
+        sys.path.insert(0, os.path.abspath(a.coordl_path))
     pil = _check_pil(a.expect_pil)
     make = {"coordl": make_coordl, "torch": make_torch, "dali": make_dali,
             "coordl-dali": make_coordl_dali, "coordl-accelerate": make_coordl_accelerate, "floor": make_floor,
             "floor-parallel": make_floor_parallel}[a.loader]
     epoch, facts = make(a)
+    if a.loader.startswith("coordl"):
+        import coordl
+
+        facts["coordl_from"] = "coordl-path" if a.coordl_path and os.path.abspath(coordl.__file__).startswith(
+            os.path.abspath(a.coordl_path) + os.sep) else "repository"
     print(json.dumps({"ready": True, "pil": pil, **facts}), flush=True)
     idle_since = None
     for line in sys.stdin:

@@ -13,6 +13,8 @@ Loaders (each in its own process, started once, warm-up epoch first):
   coordl-dali   coordl.DataLoader(..., backend="dali"): DALI CPU (image_slice -> resize ->
                 crop_mirror_normalize) fed bytes by coordl's reader, num_threads=W
   coordl-accelerate  the coordl loader after accelerate's Accelerator(cpu=True).prepare()
+  coordl-before  the coordl loader of an earlier commit (bench/before.py builds it into
+                .venv/coordl-before; its commit is in .venv/coordl-before/COMMIT)
   floor         full decode (Image.open(path).load()) of every file on ONE core;
                 the decode floor is that rate x the number of cores
   floor-parallel  the same decode by one process per core at once, measured (shows
@@ -43,6 +45,7 @@ import report
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PLAIN_PILLOW = os.path.join(REPO, ".venv", "plain-pillow")
+BEFORE = os.path.join(REPO, ".venv", "coordl-before")
 
 LOADERS = {
     "coordl": ["--loader", "coordl", "--expect-pil", "simd"],
@@ -52,6 +55,7 @@ LOADERS = {
     "dali-tuned": ["--loader", "dali", "--dali-variant", "tuned"],
     "coordl-dali": ["--loader", "coordl-dali", "--expect-pil", "simd"],
     "coordl-accelerate": ["--loader", "coordl-accelerate", "--expect-pil", "simd"],
+    "coordl-before": ["--loader", "coordl", "--expect-pil", "simd", "--coordl-path", BEFORE],
     "floor": ["--loader", "floor", "--expect-pil", "simd"],
     "floor-parallel": ["--loader", "floor-parallel", "--expect-pil", "simd"],
 }
@@ -122,7 +126,7 @@ def run(a: argparse.Namespace) -> dict:
     try:
         for n in names:
             print(f"[start] {n}", flush=True)
-            argv = LOADERS[n] + common
+            argv = [a.before_dir if v == BEFORE else v for v in LOADERS[n]] + common
             if "@workers" in argv:  # move the override after the common --workers
                 k = argv.index("@workers")
                 argv = argv[:k] + argv[k + 2:] + ["--workers", argv[k + 1]]
@@ -158,6 +162,7 @@ def summarise(a, cpus, names, children, epochs) -> dict:
             "cpu_seconds": [e["cpu_seconds"] for e in epochs[n]],
             "main_cpu_seconds": [e.get("main_cpu_seconds") for e in epochs[n]],
             "pil": children[n].ready.get("pil"),
+            "coordl_from": children[n].ready.get("coordl_from"),
             "rss_per_epoch": [e["rss"] for e in epochs[n]],
         }
     ratios = {}
@@ -175,7 +180,13 @@ def summarise(a, cpus, names, children, epochs) -> dict:
         "versions": report.versions(plain), "batch_size": a.batch_size, "workers": a.workers,
         "repeats": a.repeats, "floor_note": f"full decode on one core x {len(cpus)} cores",
         "loaders": loaders, "ratios": ratios,
+        "before_commit": _before_commit(a.before_dir) if "coordl-before" in names else None,
     }
+
+
+def _before_commit(directory: str) -> str:
+    with open(os.path.join(directory, "COMMIT")) as f:
+        return f.read().strip()
 
 
 def _rss_line(loader: dict) -> str:
@@ -200,6 +211,8 @@ def markdown(r: dict) -> str:
         "after one warm-up epoch each.  ",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".  ",
         f"Command: `{r['command']}`",
+        *([f"coordl-before: coordl at commit {r['before_commit']} (bench/before.py)."]
+          if r.get("before_commit") else []),
         "",
         "images/s of a loader = images / (epoch seconds + CPU seconds it used between its epochs "
         "/ cores); floor = full-decode images/s on one core x cores. CPU ms/image = user+system "
@@ -229,10 +242,12 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cpus", default=None, help="comma-separated CPU ids (default: all usable)")
-    p.add_argument("--loaders", default=",".join(n for n in LOADERS if not n.startswith("coordl-w")),
+    p.add_argument("--loaders", default=",".join(n for n in LOADERS
+                                                 if not n.startswith("coordl-w") and n != "coordl-before"),
                    help=f"comma-separated, from: {', '.join(LOADERS)}")
     p.add_argument("--settle", type=float, default=1.0, help="seconds idle between epochs")
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+    p.add_argument("--before-dir", default=BEFORE, help="where bench/before.py installed the earlier coordl")
     a = p.parse_args()
     result = run(a)
     report.write(a.out, result, markdown(result))

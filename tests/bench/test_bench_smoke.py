@@ -77,6 +77,21 @@ def test_loaders(root, tmp_path):
                for line in r["md"].splitlines()) == 3
 
 
+def test_loaders_before_and_after(root, tmp_path):
+    # bench/before.py installs an earlier commit (here HEAD) beside the repository's coordl
+    target = str(tmp_path / "before")
+    _run("before.py", "HEAD", "--target", target)
+    head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    r = _run("loaders.py", root, "--repeats", "1", "--settle", "0", "--batch-size", str(BATCH),
+             "--loaders", "coordl,coordl-before", "--before-dir", target, out=str(tmp_path / "ba"))
+    res = r["json"]
+    assert res["before_commit"] == head and f"commit {head}" in r["md"]
+    assert res["loaders"]["coordl-before"]["coordl_from"] == "coordl-path"
+    assert res["loaders"]["coordl"]["coordl_from"] == "repository"
+    assert all(lo["images_per_epoch"] == IMAGES for lo in res["loaders"].values())
+    assert "coordl/coordl-before" in res["ratios"]
+
+
 def test_minio_vs_pagecache(root, tmp_path):
     cgroup = _module("cgroup")
     why = cgroup.why_not("memory", "memory.limit_in_bytes")
