@@ -4,8 +4,12 @@
   memory, or a loader); warm-up steps are excluded from the timing, and on a
   CUDA device `torch.cuda.synchronize()` closes the warm-up and the run.
 - `loader_rate`: a `coordl.DataLoader` over a given list of items, with or
-  without the train step; worker CPU time from ``RUSAGE_CHILDREN`` (workers
-  are not persistent, so they are reaped when the run ends).
+  without the train step; worker CPU time over the timed steps, as for the
+  training process, from ``/proc/<pid>/stat`` of the live workers. (Over the
+  whole run, from ``RUSAGE_CHILDREN`` once they are reaped, it also holds
+  their start - copy-on-write faults of a forked training process - and the
+  warm-up: here that put the per-sample CPU 9% high, more cores busy than
+  the machine has.) ``RUSAGE_CHILDREN`` is the fallback where /proc is not.
 - `storage_bandwidth`: cold reads of whole files by 1..W threads; the files'
   pages are dropped before (``posix_fadvise(DONTNEED)``, no root needed) and
   after each read. `read_latency`: single cold reads, spaced out.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import resource
 import threading
 import time
@@ -91,17 +96,39 @@ def _call(train_step: Callable, batch, first: bool):
     return out
 
 
+def workers_cpu(it) -> float | None:
+    """CPU seconds so far of the live worker processes of loader iterator `it` (torch's
+    ``_workers``), from /proc/<pid>/stat (every thread); None where that cannot be read."""
+    workers = getattr(it, "_workers", None)
+    if not workers:
+        return None
+    total = 0
+    for p in workers:
+        try:
+            with open(f"/proc/{p.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError, AttributeError):
+            return None
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15), clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, steps: int,
-               batch_size: int, sync: Callable[[], None], desc: str, progress: bool) -> Timed:
-    """Time `steps` batches after `warmup` of them; `train_step` None: only take the batches."""
+               batch_size: int, sync: Callable[[], None], desc: str, progress: bool,
+               children: Callable[[], float | None] | None = None) -> Timed:
+    """Time `steps` batches after `warmup` of them; `train_step` None: only take the batches.
+    `children` (CPU seconds of the loader's workers so far, or None) is read at both ends of the
+    timed steps; the Timed's cpu_children is then per timed sample (nan where it returned None;
+    0 without it)."""
     bar = tqdm(total=warmup + steps, desc=desc, leave=False, disable=not progress, unit="step")
-    t0 = c0 = None
+    t0 = c0 = w0 = w1 = None
     samples = k = 0
     try:
         for k, batch in enumerate(batches):
             if k == warmup:
                 sync()
                 t0, c0 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+                w0 = children() if children is not None else None
             if train_step is not None:
                 _call(train_step, batch, first=k == 0)
             if k >= warmup:
@@ -111,12 +138,17 @@ def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, step
                 break
         sync()
         t1, c1 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+        w1 = children() if children is not None and t0 is not None else None
     finally:
         bar.close()
     if t0 is None or k + 1 < warmup + steps:
         raise ConfigError(f"{desc}: only {k + 1} batches came, {warmup + steps} were needed: "
                           "pass a smaller --steps or --batch-size")
-    return Timed(samples, t1 - t0, (c1 - c0) / samples, 0.0, {})
+    if children is None:
+        workers = 0.0
+    else:  # nan: the workers' CPU could not be read (loader_rate falls back to RUSAGE_CHILDREN)
+        workers = (w1 - w0) / samples if w0 is not None and w1 is not None else math.nan
+    return Timed(samples, t1 - t0, (c1 - c0) / samples, workers, {})
 
 
 def synthetic_batches(sample_shape: Sequence[int], num_classes: int, batch_size: int,
@@ -148,7 +180,8 @@ def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache,
     loader = DataLoader(ds, batch_size=batch_size, sampler=items, num_workers=workers, **kw)
     it = iter(loader)
     try:
-        timed = train_rate(it, train_step, warmup, steps, batch_size, sync, desc, progress)
+        timed = train_rate(it, train_step, warmup, steps, batch_size, sync, desc, progress,
+                           children=lambda it=it: workers_cpu(it))
         for _ in it:  # the rest of `items` (none when len(items) == (warmup + steps) * batch)
             pass
     finally:
@@ -156,8 +189,8 @@ def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache,
         if shutdown is not None:
             shutdown()
         del it
-    total = len(items)
-    children = (_cpu(resource.RUSAGE_CHILDREN) - children0) / total
+    children = timed.cpu_children if not math.isnan(timed.cpu_children) else \
+        (_cpu(resource.RUSAGE_CHILDREN) - children0) / len(items)
     return Timed(timed.samples, timed.seconds, timed.cpu_self, children, loader.stats())
 
 

@@ -15,30 +15,45 @@ What-if model. Each of the w loader workers fetches then preps its items one
 at a time; the training step consumes batches as they come (prefetching
 overlaps the two). Throughput with a fraction x of the items in the cache:
 
-    workers(x, w) = w / (t_item(w) + (1 - x) * (read_latency - t_hit))
+    workers(x, w) = w / (t_item(w) + (1 - x) * miss_cost(w))
     storage(x, w) = storage_bw(w) / ((1 - x) * item_bytes)
     cpu(x, w)     = cores / (train_cpu + prep_cpu(w) + (1 - x) * fetch_cpu)
     rate(x, w)    = min(ingestion, workers(x, w), storage(x, w), cpu(x, w))
 
     t_item(w)     = w / cached(w)   per-worker seconds per item, all cached, while training
-    t_hit         = item_bytes / memory_bw
+    miss_cost(w)  = w / prep_cold(w) - w / prep_alone(w)   measured in place (see below)
 
-A worker waits for each of its reads (read_latency: one cold read on an idle
-storage); the storage as a whole delivers at most storage_bw(w), measured
-with w readers streaming at once. Storage is a bandwidth with a latency, not
-a server that makes every read wait bytes / bandwidth: an SSD serves many
-reads at once, and a throttled disk (blkio) lends a reader the bandwidth it
-left unused while it was decoding. (Measured here: one worker read at the
-full 20 MiB/s of a throttle while it also decoded, which a server model
-would put at half of that.)
+The storage as a whole delivers at most storage_bw(w), measured with w
+readers streaming at once. Storage is a bandwidth with a latency, not a
+server that makes every read wait bytes / bandwidth: an SSD serves many reads
+at once, and a throttled disk (blkio) lends a reader the bandwidth it left
+unused while it was decoding. (Measured here: one worker read at the full
+20 MiB/s of a throttle while it also decoded, which a server model would put
+at half of that.)
+
+miss_cost(w) is what a cold item adds to a worker's time, measured in place:
+the loader alone over cold items (prep_cold) against the loader alone over
+cached ones (prep_alone), at the same w. A single read timed on an idle
+storage (read_latency) overstates it: here it took 0.6-0.7 ms when the reads
+were 20 ms apart, 0.5 ms 2 ms apart and 0.33 ms back to back (the virtual
+disk's path wakes up slowly after idleness, whether the CPU slept or spun),
+and a busy loader also overlaps one worker's wait with the others' decoding,
+which at w workers on fewer cores costs only the read's CPU. The in-place
+difference includes all of that. It stands for the latency only when the cold
+run was not held by the storage's bandwidth: when storage(0, w) is below what
+the workers would reach with the idle read latency, the loader queued for
+bandwidth (which storage(x, w) accounts for, and which shrinks with x), and
+the idle read latency minus a cache hit's copy (item_bytes / memory_bw) is
+used instead. Without prep_cold (not measured) it is that latency too.
 
 cached(w) is the measured training throughput with every item cached: when
 it is below the ingestion rate the loader set that pace, so it is the
 workers' speed with the train step competing for the same CPUs. When it is at
 the ingestion rate the loader had slack, and the loader-alone rate is the
-workers' speed. cached, prep_alone, prep_cpu and storage_bw are measured at
-1..W; above W the per-worker speed and the storage bandwidth at W are carried
-on, so more workers than measured help until the CPUs or the storage bind.
+workers' speed. cached, prep_alone, prep_cold, prep_cpu and storage_bw are
+measured at 1..W; above W the per-worker speed, the miss cost and the storage
+bandwidth at W are carried on, so more workers than measured help until the
+CPUs or the storage bind.
 """
 
 from __future__ import annotations
@@ -64,13 +79,16 @@ class Inputs:
     fetch_cpu: float                 # CPU seconds per cold read of one item (kernel and Python)
     item_bytes: float                # mean encoded bytes per item
     cores: int                       # CPUs this process may run on
+    prep_cold: tuple[float, ...] = ()  # samples/s of the loader alone, every item cold, at 1..W
 
     def __post_init__(self) -> None:
         n = len(self.prep_alone)
         if n == 0 or not len(self.cached) == len(self.prep_cpu) == len(self.storage_bw) == n:
             raise ValueError("prep_alone, cached, prep_cpu and storage_bw need one value per worker count 1..W")
+        if self.prep_cold and len(self.prep_cold) != n:
+            raise ValueError("prep_cold needs one value per worker count 1..W (or none)")
         values = (self.ingestion, self.memory_bw, self.item_bytes, self.read_latency, *self.prep_alone, *self.cached,
-                  *self.storage_bw)
+                  *self.storage_bw, *self.prep_cold)
         if min(values) <= 0 or self.cores < 1 or min(self.train_cpu, self.fetch_cpu, *self.prep_cpu) < 0:
             raise ValueError(f"rates, bandwidths and sizes must be > 0 and CPU costs >= 0: {self}")
 
@@ -85,6 +103,24 @@ class Inputs:
         cached = self.cached[k - 1]
         pace = cached if cached < (1 - TOLERANCE) * self.ingestion else self.prep_alone[k - 1]
         return pace / k
+
+    def idle_miss_cost(self) -> float:
+        """Seconds a cold read adds to an item by the read latency on an idle storage (less the
+        copy out of the cache that a hit costs)."""
+        return max(self.read_latency - self.item_bytes / self.memory_bw, 0.0)
+
+    def miss_cost(self, workers: int) -> float:
+        """Seconds a cold item adds to a worker's item at `workers` (the value at W above W): the
+        in-place difference of the loader alone cold and cached, unless that cold run was held by
+        the storage's bandwidth (see the module doc)."""
+        idle = self.idle_miss_cost()
+        if not self.prep_cold:
+            return idle
+        k = min(workers, self.measured_workers)
+        alone = self.prep_alone[k - 1]
+        if self.storage_bw[k - 1] / self.item_bytes <= k / (k / alone + idle):
+            return idle
+        return max(k / self.prep_cold[k - 1] - k / alone, 0.0)
 
     def _at(self, values: tuple[float, ...], workers: int) -> float:
         return values[min(workers, len(values)) - 1]
@@ -116,8 +152,7 @@ def limits(inp: Inputs, cache_fraction: float, workers: int) -> Limits:
     if workers < 1:
         raise ValueError(f"workers={workers} must be >= 1")
     miss = 1.0 - cache_fraction
-    t_hit = inp.item_bytes / inp.memory_bw
-    per_item = 1.0 / inp.worker_speed(workers) + miss * max(inp.read_latency - t_hit, 0.0)
+    per_item = 1.0 / inp.worker_speed(workers) + miss * inp.miss_cost(workers)
     storage = inp._at(inp.storage_bw, workers) / (miss * inp.item_bytes) if miss > 0 else float("inf")
     cpu_per_sample = inp.train_cpu + inp._at(inp.prep_cpu, workers) + miss * inp.fetch_cpu
     cpu = inp.cores / cpu_per_sample if cpu_per_sample > 0 else float("inf")

@@ -32,6 +32,10 @@ def table(r) -> str:
         "measured inputs of the model",
         "  prep alone (loader only, all cached): "
         + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m["prep_alone_by_workers"]),
+        "  prep alone (loader only, cold storage): "
+        + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m.get("prep_cold_by_workers", []))
+        + "; a miss costs a worker "
+        + ", ".join(f"{c * 1e3:.2f} ms ({k}w)" for k, c in enumerate(m.get("miss_cost_by_workers", []), 1)),
         "  train, all cached: "
         + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m["train_cached_by_workers"]),
         "  storage, cold reads: "

@@ -38,7 +38,7 @@ class ProfileResult:
     validation: list = field(default_factory=list)
 
     @classmethod
-    def build(cls, settings, inputs: model.Inputs, ingest, alone, cached, profiled, profiled_fraction,
+    def build(cls, settings, inputs: model.Inputs, ingest, alone, cold, cached, profiled, profiled_fraction,
               validation) -> ProfileResult:
         W = settings["workers"]
         n = settings["items"]
@@ -47,7 +47,7 @@ class ProfileResult:
         max_w = max(2 * W, inputs.cores + 2, 4)
         fewest = model.fewest_workers(inputs, 1.0, max_w)
         what_if = {
-            "model": "rate(x, w) = min(ingestion, w / (t_item(w) + (1 - x) read_latency), "
+            "model": "rate(x, w) = min(ingestion, w / (t_item(w) + (1 - x) miss_cost(w)), "
                      "storage_bw(w) / ((1 - x) item_bytes), cores / (train_cpu + prep_cpu(w) + "
                      "(1 - x) fetch_cpu)): coordl/profiler/model.py",
             "by_cache": [{"cache_fraction": f, "cache_bytes": round(f * settings["dataset_bytes"]),
@@ -72,6 +72,8 @@ class ProfileResult:
         measured = {
             "ingestion": _timed(ingest),
             "prep_alone_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(alone, 1)],
+            "prep_cold_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(cold, 1)],
+            "miss_cost_by_workers": [inputs.miss_cost(w) for w in range(1, W + 1)],
             "train_cached_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(cached, 1)],
             "profiled": {"cache_fraction": round(profiled_fraction, 4), "workers": W, **_timed(profiled)},
             "storage_bw_by_readers": list(inputs.storage_bw),

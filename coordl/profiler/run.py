@@ -175,6 +175,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     got = {key: _median(runs) for key, runs in rounds.items()}
     ingest, profiled = got["ingest"], got["profiled"]
     alone = [got[f"alone{w}"] for w in range(1, W + 1)]
+    cold = [got[f"cold{w}"] for w in range(1, W + 1)]
     cached = [got[f"cached{w}"] for w in range(1, W + 1)]
     for key, runs in rounds.items():
         if key.startswith(("alone", "cached")) and any(t.stats.get("storage_reads", 0) for t in runs):
@@ -182,6 +183,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     inputs = model.Inputs(
         ingestion=ingest.rate, train_cpu=ingest.cpu_self,
         prep_alone=tuple(t.rate for t in alone), cached=tuple(t.rate for t in cached),
+        prep_cold=tuple(t.rate for t in cold),
         prep_cpu=tuple(t.cpu_self + t.cpu_children for t in alone),
         storage_bw=tuple(storage_bw), memory_bw=memory_bw, fetch_cpu=reads[0][1], read_latency=latency,
         item_bytes=s.total_bytes / len(s.ds), cores=len(os.sched_getaffinity(0)))
@@ -194,7 +196,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
                   "warmup_steps": WARMUP, "repeats": repeats, "cache_bytes": cache_bytes,
                   "device": str(dev), "dataset": str(s.ds.root), "items": len(s.ds),
                   "dataset_bytes": s.total_bytes},
-        inputs=inputs, ingest=ingest, alone=alone, cached=cached, profiled=profiled,
+        inputs=inputs, ingest=ingest, alone=alone, cold=cold, cached=cached, profiled=profiled,
         profiled_fraction=x0, validation=validation)
     result.measured.update(
         rounds={key: [t.rate for t in runs] for key, runs in rounds.items()},
@@ -211,6 +213,7 @@ def _one_round(s: _Session, synth, train_step, W, full, profiled_cache, x0, conf
                                        s.progress)
     for w in range(1, W + 1):
         yield f"alone{w}", s.run(w, full, None, f"prep alone, all cached, {w}w" + tag)
+        yield f"cold{w}", s.run(w, None, None, f"prep alone, cold storage, {w}w" + tag)
         yield f"cached{w}", s.run(w, full, train_step, f"train, all cached, {w}w" + tag)
     yield "profiled", s.run(W, profiled_cache, train_step, f"train, profiled ({x0:.0%} cached), {W}w" + tag)
     for k, (x, w, c) in enumerate(configs):

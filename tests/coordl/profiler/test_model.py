@@ -90,6 +90,36 @@ def test_read_latency_bound_with_few_workers():
     assert model.limits(inp, 0.0, 4).bound == "workers"
 
 
+def test_miss_cost_is_measured_in_place():
+    # the loader alone reads cold items at 320/s (1w) and 720/s (2w) against 400/s and 800/s cached:
+    # a miss costs a worker 1/320 - 1/400 = 0.625 ms (1w) and 2/720 - 2/800 = 0.278 ms (2w), not the
+    # 5 ms a read took on an idle storage
+    inp = inputs(prep_cold=(320.0, 720.0), storage_bw=(10**15, 10**15), memory_bw=10**15,
+                 read_latency=0.005)
+    assert inp.miss_cost(1) == pytest.approx(0.000625)
+    assert inp.miss_cost(2) == pytest.approx(2 / 720 - 2 / 800)
+    assert inp.miss_cost(6) == inp.miss_cost(2)  # carried on above the measured workers
+    assert model.predict(inp, 0.0, 1) == pytest.approx(320.0)  # the cold loader's own rate back
+    assert model.predict(inp, 0.5, 1) == pytest.approx(1 / (1 / 400 + 0.5 * 0.000625))
+    assert model.predict(inp, 0.0, 2) == pytest.approx(720.0)
+    assert model.limits(inp, 0.0, 2).bound == "workers"
+    # without the cold runs: the idle read latency less a hit's copy
+    idle = inputs(storage_bw=(10**15, 10**15), memory_bw=100 * MB, read_latency=0.005)
+    assert idle.miss_cost(1) == pytest.approx(0.004)
+
+
+def test_a_cold_run_held_by_bandwidth_leaves_the_miss_to_the_storage_bound():
+    # 10 MB/s storage (100 items/s): the cold loader ran at the storage's pace, so its in-place miss
+    # cost (1/100 - 1/400 s) is queueing for bandwidth, which the storage bound already counts and
+    # which shrinks with the cache; the miss costs a worker the idle read latency
+    inp = inputs(prep_cold=(100.0, 100.0), storage_bw=(10 * MB, 10 * MB), memory_bw=10**15,
+                 read_latency=0.001)
+    assert inp.miss_cost(1) == pytest.approx(0.001) and inp.miss_cost(2) == pytest.approx(0.001)
+    assert model.predict(inp, 0.0, 1) == pytest.approx(100.0)
+    assert model.predict(inp, 0.5, 2) == pytest.approx(200.0)
+    assert model.limits(inp, 0.5, 2).bound == "storage"
+
+
 def test_cold_reads_cost_cpu():
     free = dict(storage_bw=(10**15, 10**15), memory_bw=10**15)
     inp = inputs(cores=2, train_cpu=0.001, prep_cpu=(0.002, 0.002), fetch_cpu=0.001, ingestion=5000.0,
@@ -154,7 +184,8 @@ def test_model_bound_needs_no_cache():
 
 @pytest.mark.parametrize("bad", [dict(ingestion=0.0), dict(prep_alone=(1.0,)), dict(cached=(1.0,)), dict(cores=0),
                                  dict(storage_bw=(0.0, 1.0)), dict(train_cpu=-1.0),
-                                 dict(fetch_cpu=-1.0), dict(read_latency=0.0)])
+                                 dict(fetch_cpu=-1.0), dict(read_latency=0.0), dict(prep_cold=(1.0,)),
+                                 dict(prep_cold=(0.0, 1.0))])
 def test_inputs_are_checked(bad):
     with pytest.raises(ValueError):
         inputs(**bad)

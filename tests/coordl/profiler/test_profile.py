@@ -1,7 +1,7 @@
 """coordl.profile end to end on a real JPEG folder with real loader workers and MinIO segments.
 
 Counts, not timings: which runs read storage and how much, which hit the cache, what the JSON
-holds, and that nothing is left in /dev/shm (the autouse no_leaks check) on every exit path.
+holds, and that nothing is left in the shared-memory folder (the autouse no_leaks check) on every exit path.
 """
 
 from __future__ import annotations
@@ -48,6 +48,15 @@ def test_profile_measures_every_stage_and_validates(ds):
     for run in m["prep_alone_by_workers"] + m["train_cached_by_workers"]:
         assert run["storage_reads"] == 0 and run["cache_hits"] == need
     assert [run["workers"] for run in m["train_cached_by_workers"]] == [1, 2]
+    # the loader alone on cold items (the in-place miss cost) reads every item from storage
+    for run in m["prep_cold_by_workers"]:
+        assert run["storage_reads"] == need and run["cache_hits"] == 0
+    assert [run["workers"] for run in m["prep_cold_by_workers"]] == [1, 2]
+    assert len(m["miss_cost_by_workers"]) == 2 and min(m["miss_cost_by_workers"]) >= 0
+    assert m["inputs"]["prep_cold"] == [run["samples_per_s"] for run in m["prep_cold_by_workers"]]
+    # workers' CPU is read over the timed steps (from /proc), a finite share per sample
+    for run in m["prep_alone_by_workers"] + m["prep_cold_by_workers"] + [m["profiled"]]:
+        assert 0 <= run["cpu_s_per_sample_workers"] < 1
     # the profiled run (no cache) reads every item it uses from storage
     assert m["profiled"]["storage_reads"] == need and m["profiled"]["cache_hits"] == 0
     assert len(m["storage_bw_by_readers"]) == 2 and m["memory_bw"] > 0
@@ -146,9 +155,10 @@ def test_repeats_keep_the_median_of_interleaved_rounds(ds):
     r = profile(tiny_step(), ds, batch_size=4, num_workers=1, steps=1, repeats=3, validate=True,
                 progress=False)
     rounds = r.measured["rounds"]
-    assert set(rounds) == {"ingest", "alone1", "cached1", "profiled", "validate0", "validate1"}
+    assert set(rounds) == {"ingest", "alone1", "cold1", "cached1", "profiled", "validate0", "validate1"}
     assert all(len(v) == 3 for v in rounds.values())
     assert r.rates["prep"] == sorted(rounds["cached1"])[1]
+    assert list(r.measured["inputs"]["prep_cold"]) == [sorted(rounds["cold1"])[1]]
     assert r.rates["fetch"] == sorted(rounds["profiled"])[1]
     assert r.validation[1]["measured"] == sorted(rounds["validate1"])[1]
     with pytest.raises(ConfigError, match="repeats=0"):
