@@ -1,7 +1,7 @@
 """The shared-memory toolbox: folder, names, free space, creation, locks, liveness, sockets.
 
 Every coordl segment (a MinIO cache, a coordinator's ring) is one file in a
-shared-memory folder (``/dev/shm``, a tmpfs) that processes map with
+shared-memory folder (`SHM_DIR`: ``/dev/shm``, a tmpfs) that processes map with
 ``MAP_SHARED``. This module is the one place that knows files and processes:
 `create` (exclusive, every byte allocated, the out-of-space message),
 `list_names` (by prefix), `free_bytes`, `alive` (pid plus start time),
@@ -24,6 +24,15 @@ a lock can never be left held by a dead process:
 - byte 1, shared: held by every attached process for as long as it is
   attached; ``cleanup`` takes it exclusively (without waiting) to prove that
   nothing is attached.
+
+The folder: ``SHM_DIR`` is ``$COORDL_SHM_DIR`` when that is set (read once, at
+import), else ``/dev/shm``. Set it on a machine whose tmpfs is mounted
+elsewhere, or to keep one job's segments apart from everybody else's (a
+folder of its own on the tmpfs; the test suite runs in one per session). It
+is every default: MinIO caches, coordinator rings (a daemon started as a
+subprocess inherits it), ``coordl cache ls|drop``, ``coordl cleanup``
+and ``coordl info``; processes that share a segment must agree on it (an
+explicit ``directory=`` or ``--dir`` still wins).
 """
 
 from __future__ import annotations
@@ -38,8 +47,9 @@ import struct
 
 from coordl.errors import CacheError, ConfigError, CoordlError
 
-#: The node's shared-memory folder: every coordl segment lives here unless told otherwise.
-SHM_DIR = "/dev/shm"
+#: The node's shared-memory folder: every coordl segment lives here unless told otherwise
+#: ($COORDL_SHM_DIR, else /dev/shm; see the module docstring).
+SHM_DIR = os.path.abspath(os.environ.get("COORDL_SHM_DIR") or "/dev/shm")
 #: Every file coordl creates in a shared-memory folder starts with this.
 COORDL_PREFIX = "coordl-"
 PREFIX = COORDL_PREFIX + "cache-"

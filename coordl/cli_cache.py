@@ -24,7 +24,8 @@ CLEANERS: list[Callable[[str], list[str]]] = [
 ]
 
 _DIR = click.option("--dir", "directory", default=shm.SHM_DIR, show_default=True,
-                    type=click.Path(file_okay=False), help="Shared-memory folder.")
+                    type=click.Path(file_okay=False),
+                    help="Shared-memory folder (default: $COORDL_SHM_DIR, else /dev/shm).")
 
 
 @click.group("cache")

@@ -1,26 +1,39 @@
 """Shared fixtures: small real JPEG datasets and leak checks.
 
-`no_leaks` (autouse) fails a test that leaves a new coordl segment in
-/dev/shm or a child process running. Datasets are real JPEG folders made by
-coordl.synthetic, small enough to decode quickly.
+Every coordl segment of this session lives in a folder of its own on the tmpfs,
+``/dev/shm/pytest-shm-<pid>-<random>``: COORDL_SHM_DIR is set to it below, before anything
+imports coordl (coordl.cache.shm reads it at import), so every default, subprocess and
+coordinator daemon of the session uses it, whatever COORDL_SHM_DIR was. `no_leaks` (autouse)
+fails a test that leaves a new entry in that folder or a child process running;
+`shm_session_dir` removes the folder at the end and fails if anything was left in it. Two
+sessions at once (two people, a suite loop beside a helper's tests) never see each other's
+segments. The folder's name holds no 'coordl': coordl's own tools (`coordl cache ls`,
+`coordl cleanup`) run on the real /dev/shm never take it for a segment. Datasets are real
+JPEG folders made by coordl.synthetic, small enough to decode quickly.
 """
 
 from __future__ import annotations
 
 import os
-import time
+import shutil
+import tempfile
 
-import psutil
-import pytest
+#: This session's shared-memory folder (mode 0755: other uids reach folders inside it, test_shared_node).
+SHM_DIR = tempfile.mkdtemp(prefix=f"pytest-shm-{os.getpid()}-", dir="/dev/shm")
+os.chmod(SHM_DIR, 0o755)
+os.environ["COORDL_SHM_DIR"] = SHM_DIR
 
-from coordl.synthetic import make_dataset
+import time  # noqa: E402 (COORDL_SHM_DIR first)
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+
+from coordl.cache import shm  # noqa: E402
+from coordl.synthetic import make_dataset  # noqa: E402
 
 
-def _coordl_shm() -> set[str]:
-    try:
-        return {n for n in os.listdir("/dev/shm") if "coordl" in n}
-    except FileNotFoundError:
-        return set()
+def _session_shm() -> set[str]:
+    return set(os.listdir(SHM_DIR))
 
 
 # Python's own per-interpreter helpers (started once by spawn/forkserver, live until exit)
@@ -39,15 +52,34 @@ def _children() -> list[psutil.Process]:
     return kids
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shm_session_dir():
+    """This session's shared-memory folder (COORDL_SHM_DIR); removed at the end, when it must be
+    empty: what is left there is a leak, and fails the session (after it is removed)."""
+    if shm.SHM_DIR != SHM_DIR:  # coordl was imported before this conftest set COORDL_SHM_DIR
+        pytest.fail(f"coordl.cache.shm.SHM_DIR is {shm.SHM_DIR!r}, not this session's {SHM_DIR!r}: "
+                    "something imported coordl before tests/conftest.py ran")
+    yield SHM_DIR
+    left = sorted(os.listdir(SHM_DIR))
+    shutil.rmtree(SHM_DIR, ignore_errors=True)
+    if left:
+        pytest.fail(f"left in {SHM_DIR} at the end of the session (leaked; removed now): {left}")
+
+
+def pytest_unconfigure(config):
+    """A session that ran no test (--collect-only, a collection error) still removes its folder."""
+    shutil.rmtree(SHM_DIR, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
-    """Every test leaves /dev/shm and the process tree as it found them."""
-    shm_before = _coordl_shm()
+    """Every test leaves this session's shared-memory folder and the process tree as it found them."""
+    shm_before = _session_shm()
     kids_before = {p.pid for p in _children()}
     yield
     deadline = time.monotonic() + 10.0
     while True:
-        new_shm = _coordl_shm() - shm_before
+        new_shm = _session_shm() - shm_before
         new_kids = [p for p in _children() if p.pid not in kids_before]
         if not new_shm and not new_kids:
             return
@@ -56,7 +88,7 @@ def no_leaks():
         time.sleep(0.1)
     msg = []
     if new_shm:
-        msg.append(f"left in /dev/shm: {sorted(new_shm)}")
+        msg.append(f"left in {SHM_DIR}: {sorted(new_shm)}")
     if new_kids:
         msg.append("child processes still running: " + ", ".join(
             f"{p.pid} {' '.join(p.cmdline()[:4])}" for p in new_kids))

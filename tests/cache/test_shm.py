@@ -33,7 +33,7 @@ def test_out_of_space_names_what_the_free_space_and_the_fix_in_the_callers_error
     with pytest.raises(CoordinatorError) as e:
         shm.create(path, free + 2**30, "the ring (huge)", "pass fewer --slots", CoordinatorError)
     msg = str(e.value)
-    assert msg.startswith("the ring (huge) does not fit /dev/shm (") and "free): pass fewer --slots" in msg
+    assert msg.startswith(f"the ring (huge) does not fit {shm.SHM_DIR} (") and "free): pass fewer --slots" in msg
     assert "--shm-size" in msg and not os.path.exists(path)
     with pytest.raises(CacheError, match="is not usable"):
         shm.create(str(tmp_path / "missing" / "x"), 10, "a segment", "fix")

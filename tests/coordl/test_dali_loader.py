@@ -103,9 +103,7 @@ def test_half_cache_epoch_two_reads_exactly_the_uncached_items(own_root):
             assert later["decodes"] == later["samples"] == n
     finally:
         bound.cache.drop()
-        name = os.path.join("/dev/shm", shm.segment_name(ds.fingerprint))
-        if os.path.exists(name):
-            os.unlink(name)
+        shm.unlink(os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint)))
 
 
 def test_deterministic_per_seed_and_epoch_whatever_the_thread_count(tiny_root):

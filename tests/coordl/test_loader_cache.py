@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,8 +34,7 @@ def dropped():
         name = shm.segment_name(ds.fingerprint)
         if ds.cache is not None:
             ds.cache.drop()
-        if os.path.exists(os.path.join("/dev/shm", name)):
-            os.unlink(os.path.join("/dev/shm", name))
+        shm.unlink(os.path.join(shm.SHM_DIR, name))
 
 
 def _epoch(loader) -> dict[str, int]:
@@ -100,7 +100,7 @@ _JOB = textwrap.dedent("""
 
 
 def _coordl_caches() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(shm.PREFIX)}
+    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(shm.PREFIX)}
 
 
 def test_two_jobs_in_two_processes_share_one_segment_and_the_second_hits_at_once(own_root, tmp_path):
@@ -120,7 +120,7 @@ def test_two_jobs_in_two_processes_share_one_segment_and_the_second_hits_at_once
         a, b = jobs[0].stats, jobs[1].stats
         assert a["name"] == b["name"] == name
         assert _coordl_caches() - before == {name}                         # one segment, not two
-        size = os.stat(os.path.join("/dev/shm", name)).st_blocks * 512
+        size = os.stat(os.path.join(shm.SHM_DIR, name)).st_blocks * 512
         assert capacity <= size <= capacity + 64 * 1024                    # memory: one capacity
         assert a["storage_reads"] == len(ds) and a["cache_inserts"] == a["cache_items"]
         assert b["cache_hits"] == a["cache_items"] and b["cache_inserts"] == 0   # first epoch hits
@@ -130,8 +130,7 @@ def test_two_jobs_in_two_processes_share_one_segment_and_the_second_hits_at_once
     finally:
         for job in jobs:
             job.communicate("\n", timeout=30)
-        if os.path.exists(os.path.join("/dev/shm", name)):
-            os.unlink(os.path.join("/dev/shm", name))
+        shm.unlink(os.path.join(shm.SHM_DIR, name))
     assert all(job.returncode == 0 for job in jobs)
 
 
@@ -170,10 +169,10 @@ def test_changed_file_gives_a_new_fingerprint_and_a_new_cache(own_root, dropped)
 
 def test_capacity_beyond_free_space_is_refused_before_training(own_root):
     ds = coordl.ImageFolder(own_root, transform="val", size=32)
-    free = shm.free_bytes("/dev/shm")
-    with pytest.raises(coordl.CacheError, match="does not fit /dev/shm.*--shm-size"):
+    free = shm.free_bytes(shm.SHM_DIR)
+    with pytest.raises(coordl.CacheError, match=f"does not fit {re.escape(shm.SHM_DIR)} .*--shm-size"):
         coordl.DataLoader(ds, batch_size=8, cache=free + 2**30)
-    assert shm.segment_name(ds.fingerprint) not in os.listdir("/dev/shm")
+    assert shm.segment_name(ds.fingerprint) not in os.listdir(shm.SHM_DIR)
 
 
 def test_cache_arguments(own_root, dropped):

@@ -162,8 +162,7 @@ def test_the_dataloader_never_serves_the_bytes_before_a_same_size_edit(tmp_path,
         assert loader2.stats()["cache_hits"] == len(new)
     finally:
         for name in segments:
-            if os.path.exists(os.path.join("/dev/shm", name)):
-                os.unlink(os.path.join("/dev/shm", name))
+            shm.unlink(os.path.join(shm.SHM_DIR, name))
 
 
 def test_a_directory_symlink_loop_lists_each_file_once(tmp_path, store):

@@ -1,5 +1,5 @@
 """`coordl profile` as a user runs it: a real process, its JSON and PNG, its errors, and Ctrl-C
-(a real SIGINT) in the middle of a measurement leaving nothing in /dev/shm."""
+(a real SIGINT) in the middle of a measurement leaving nothing in the shared-memory folder."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def none_step(batch):
 
 def stall_in_cached_run(batch):
     """Runs normally until the profiler's all-items cache exists, then says so and waits."""
-    name = "/dev/shm/coordl-cache-profile-%d-all" % os.getpid()
+    name = os.path.join(os.environ["COORDL_SHM_DIR"], "coordl-cache-profile-%d-all" % os.getpid())
     if os.path.exists(name):
         with open(os.environ["MARK"], "w") as f:
             f.write(name)
@@ -116,4 +116,5 @@ def test_interrupt_removes_the_temporary_caches(tiny_root, steps_dir, sig):
             proc.communicate()
     assert proc.returncode == (130 if sig == signal.SIGINT else 128 + sig), err
     assert not os.path.exists(segment)
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"coordl-cache-profile-{proc.pid}-")]
+    left = os.listdir(os.environ["COORDL_SHM_DIR"])
+    assert not [n for n in left if n.startswith(f"coordl-cache-profile-{proc.pid}-")]
