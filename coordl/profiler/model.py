@@ -113,14 +113,19 @@ class Inputs:
         """Seconds a cold item adds to a worker's item at `workers` (the value at W above W): the
         in-place difference of the loader alone cold and cached, unless that cold run was held by
         the storage's bandwidth (see the module doc)."""
-        idle = self.idle_miss_cost()
-        if not self.prep_cold:
-            return idle
+        if not self.miss_cost_in_place(workers):
+            return self.idle_miss_cost()
         k = min(workers, self.measured_workers)
-        alone = self.prep_alone[k - 1]
-        if self.storage_bw[k - 1] / self.item_bytes <= k / (k / alone + idle):
-            return idle
-        return max(k / self.prep_cold[k - 1] - k / alone, 0.0)
+        return max(k / self.prep_cold[k - 1] - k / self.prep_alone[k - 1], 0.0)
+
+    def miss_cost_in_place(self, workers: int) -> bool:
+        """Whether miss_cost(workers) is the in-place one: the cold runs were measured and the one
+        at `workers` (W above W) was not held by the storage's bandwidth."""
+        if not self.prep_cold:
+            return False
+        k = min(workers, self.measured_workers)
+        latency_bound = k / (k / self.prep_alone[k - 1] + self.idle_miss_cost())
+        return self.storage_bw[k - 1] / self.item_bytes > latency_bound
 
     def _at(self, values: tuple[float, ...], workers: int) -> float:
         return values[min(workers, len(values)) - 1]

@@ -35,7 +35,9 @@ def table(r) -> str:
         "  prep alone (loader only, cold storage): "
         + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m.get("prep_cold_by_workers", []))
         + "; a miss costs a worker "
-        + ", ".join(f"{c * 1e3:.2f} ms ({k}w)" for k, c in enumerate(m.get("miss_cost_by_workers", []), 1)),
+        + ", ".join(f"{c * 1e3:.2f} ms ({k}w{'' if here else ', idle read: cold run storage-bound'})"
+                    for k, (c, here) in enumerate(zip(m.get("miss_cost_by_workers", []),
+                                                      m.get("miss_cost_in_place_by_workers", [])), 1)),
         "  train, all cached: "
         + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m["train_cached_by_workers"]),
         "  storage, cold reads: "

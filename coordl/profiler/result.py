@@ -74,6 +74,7 @@ class ProfileResult:
             "prep_alone_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(alone, 1)],
             "prep_cold_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(cold, 1)],
             "miss_cost_by_workers": [inputs.miss_cost(w) for w in range(1, W + 1)],
+            "miss_cost_in_place_by_workers": [inputs.miss_cost_in_place(w) for w in range(1, W + 1)],
             "train_cached_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(cached, 1)],
             "profiled": {"cache_fraction": round(profiled_fraction, 4), "workers": W, **_timed(profiled)},
             "storage_bw_by_readers": list(inputs.storage_bw),

@@ -99,13 +99,14 @@ def test_miss_cost_is_measured_in_place():
     assert inp.miss_cost(1) == pytest.approx(0.000625)
     assert inp.miss_cost(2) == pytest.approx(2 / 720 - 2 / 800)
     assert inp.miss_cost(6) == inp.miss_cost(2)  # carried on above the measured workers
+    assert inp.miss_cost_in_place(1) and inp.miss_cost_in_place(6)
     assert model.predict(inp, 0.0, 1) == pytest.approx(320.0)  # the cold loader's own rate back
     assert model.predict(inp, 0.5, 1) == pytest.approx(1 / (1 / 400 + 0.5 * 0.000625))
     assert model.predict(inp, 0.0, 2) == pytest.approx(720.0)
     assert model.limits(inp, 0.0, 2).bound == "workers"
     # without the cold runs: the idle read latency less a hit's copy
     idle = inputs(storage_bw=(10**15, 10**15), memory_bw=100 * MB, read_latency=0.005)
-    assert idle.miss_cost(1) == pytest.approx(0.004)
+    assert idle.miss_cost(1) == pytest.approx(0.004) and not idle.miss_cost_in_place(1)
 
 
 def test_a_cold_run_held_by_bandwidth_leaves_the_miss_to_the_storage_bound():
@@ -115,6 +116,7 @@ def test_a_cold_run_held_by_bandwidth_leaves_the_miss_to_the_storage_bound():
     inp = inputs(prep_cold=(100.0, 100.0), storage_bw=(10 * MB, 10 * MB), memory_bw=10**15,
                  read_latency=0.001)
     assert inp.miss_cost(1) == pytest.approx(0.001) and inp.miss_cost(2) == pytest.approx(0.001)
+    assert not inp.miss_cost_in_place(1) and not inp.miss_cost_in_place(2)
     assert model.predict(inp, 0.0, 1) == pytest.approx(100.0)
     assert model.predict(inp, 0.5, 2) == pytest.approx(200.0)
     assert model.limits(inp, 0.5, 2).bound == "storage"
