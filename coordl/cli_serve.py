@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from types import SimpleNamespace
 
 import click
 
@@ -188,7 +189,8 @@ def status_cmd(socket_path, as_json):
                f", on_error {st['on_error']}\n"
                f"  ring       {st['slots']} slots ({st['ring_mib']} MiB): {occ['ready']} ready, "
                f"{occ['filling']} filling, {occ['failed']} failed, {occ['free']} free\n"
-               f"  prep       {len(st['workers'])} workers, {st['images_per_s']:.0f} images/s, "
+               f"  prep       {len(st['workers'])} workers, backend {_backend(SimpleNamespace(**st))}, "
+               f"{st['images_per_s']:.0f} images/s, "
                f"{st['produced_batches']} batches, {st['decodes']} decodes\n"
                f"  clients    {st['connections']} connections (limit {st['max_connections']})"
                + (f"; holding the first batch for jobs still joining (--join-window "

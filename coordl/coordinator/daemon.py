@@ -493,6 +493,8 @@ class Daemon:
             "on_error": self.dataset.on_error, "slots": self.layout.slots,
             "ring_mib": round(self.layout.total_bytes / 2**20, 1),
             "workers": self.pool.pids if self.pool else [], "worker_deaths": self.pool.deaths if self.pool else 0,
+            "backend": self.config.backend,
+            "dali_device": self.config.dali_device if self.config.backend == "dali" else None,
             "occupancy": self.slots.counts(), "next_batch": self.scheduler.next_batch,
             "started": self.scheduler.started, "min_jobs": self.config.min_jobs,
             "gathering": self.scheduler.gathering, "join_window": self.config.join_window,

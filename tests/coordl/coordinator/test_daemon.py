@@ -168,7 +168,7 @@ def test_status_command_shows_jobs_ring_and_rate(tiny_root, serve, jobs):
     out = subprocess.run([COORDL, "status", "--socket", served.socket], capture_output=True,
                          text=True, check=True).stdout
     assert f"coordinator pid {served.pid}" in out
-    assert "ring       3 slots" in out and "images/s" in out
+    assert "ring       3 slots" in out and "images/s" in out and "backend cpu," in out
     assert re.search(r"job 1 +pid \d+ +(its epoch \d+ \(daemon epoch \d+\) batch \d+/10|"
                      r"between epochs .*), holds", out), out
     job.proc.kill()

@@ -78,8 +78,13 @@ def test_batches_are_the_local_dali_backends_and_close_to_the_cpus(tiny_root, se
             assert torch.equal(images, want[0]), f"epoch {epoch} batch {k}"  # bit for bit
             psnrs += [_psnr(a, b) for a, b in zip(images, near[0])]
         assert k == 9 and min(psnrs) >= 35.0 and float(np.mean(psnrs)) < float("inf")
-    counters = status(served.socket)["counters"]
+    st = status(served.socket)
+    counters = st["counters"]
     assert counters["decodes"] == counters["samples"] >= 2 * N  # it may be preparing epoch 2
+    assert (st["backend"], st["dali_device"]) == ("dali", "cpu")
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "coordl"), "status", "--socket", served.socket],
+                         capture_output=True, text=True, check=True).stdout
+    assert "backend dali cpu," in out, out
     job.coordinator.close()
 
 
