@@ -1,0 +1,35 @@
+"""coordl/profiler/measure.py: the workers' CPU is read from the live worker processes."""
+
+from __future__ import annotations
+
+import coordl
+from coordl.profiler import measure
+
+
+def test_workers_cpu_reads_each_live_worker(tiny_root):
+    ds = coordl.ImageFolder(tiny_root, size=32)
+    loader = coordl.DataLoader(ds, batch_size=4, num_workers=2)
+    it = iter(loader)
+    try:
+        next(it)
+        assert len(it._workers) == 2
+        first = measure.workers_cpu(it)
+        for _ in it:
+            pass
+        assert first is not None and first >= 0
+    finally:
+        it._shutdown_workers()
+    # no worker processes (num_workers=0), or none left to read: None, and loader_rate falls back
+    assert measure.workers_cpu(iter(coordl.DataLoader(ds, batch_size=4))) is None
+    assert measure.workers_cpu(it) is None
+
+
+def test_train_rate_per_sample_cpu_of_the_workers():
+    ticks = iter([1.0, 3.0])
+    batches = [[None, list(range(4))]] * 5
+    t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: next(ticks))
+    assert t.samples == 16 and t.cpu_children == 2.0 / 16
+    t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: None)
+    assert t.cpu_children != t.cpu_children  # nan: unknown
+    t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False)
+    assert t.cpu_children == 0.0
