@@ -104,15 +104,21 @@ def scan(
         return _build(root, exts, is_valid_file, extensions, allow_empty, None)[0]
     try:
         header = store.read_header(path)
-        if header is not None and header.get("root") == root and not rescan \
-                and store.unchanged(header, root, waiting_since):
-            arrays = store.read_arrays(path, header)
-            if arrays is not None:
+        if header is not None and header.get("root") != root:
+            header = None
+        arrays = None
+        if header is not None and not rescan:
+            same, arrays = store.load_unchanged(path, header, root, waiting_since)
+            if same and arrays is not None:
                 SCANS["loads"] += 1
                 return _from_store(root, header, arrays, path)
         previous = None
-        if header is not None and header.get("root") == root:
-            arrays = store.read_arrays(path, header, local=True)
+        if header is not None:
+            if arrays is None:
+                arrays = store.read_arrays(path, header, local=True)
+            else:
+                local = store.read_arrays(path, header, only_local=True)
+                arrays = None if local is None else {**arrays, **local}
             previous = None if arrays is None else (header, arrays)
         m, record = _build(root, exts, is_valid_file, extensions, allow_empty, previous)
         try:
@@ -133,8 +139,17 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
 def _from_store(root: str, header: dict, a: dict[str, np.ndarray], path: str) -> Manifest:
     labels = np.repeat(np.arange(len(a["class_counts"]), dtype=np.int64), a["class_counts"])
     return Manifest(root, tuple(header["classes"]), a["blob"], _offsets(a["lengths"].astype(np.int64)),
-                    a["sizes"], a["mtimes"], labels, header["fingerprint"], header["identity"],
-                    header["revision"], path)
+                    a["sizes"].astype(np.int64), a["mtimes"], labels, header["fingerprint"],
+                    header["identity"], header["revision"], path)
+
+
+def _narrow(a: np.ndarray, dtypes: tuple[type, ...]) -> np.ndarray:
+    """`a` in the first of `dtypes` that holds all its values (a smaller file to read at restart)."""
+    lo, hi = (int(a.min()), int(a.max())) if len(a) else (0, 0)
+    for dt in dtypes:
+        if np.iinfo(dt).min <= lo and hi <= np.iinfo(dt).max:
+            return a.astype(dt)
+    return a
 
 
 def _build(root, exts, is_valid_file, extensions, allow_empty, previous) -> tuple[Manifest, tuple]:
@@ -168,8 +183,8 @@ def _build(root, exts, is_valid_file, extensions, allow_empty, previous) -> tupl
     header = {"root": root, "classes": w.classes, "n": len(w.sizes), "scan_ns": scan_ns,
               "racy": store.is_racy(w.dirs, scan_ns), "dirs": [list(d) for d in w.dirs],
               "sample": sample, "identity": identity, "revision": revision, "fingerprint": fp}
-    small = np.uint16 if len(w.lengths) and int(w.lengths.max()) < 65536 else np.int64
-    arrays = {"blob": blob, "lengths": w.lengths.astype(small), "sizes": w.sizes, "mtimes": w.mtimes,
+    arrays = {"blob": blob, "lengths": _narrow(w.lengths, (np.uint8, np.uint16)),
+              "sizes": _narrow(w.sizes, (np.int32,)), "mtimes": w.mtimes,
               "class_counts": w.class_counts, "ctimes": w.ctimes, "inodes": w.inodes}
     return m, (header, arrays)
 

@@ -25,6 +25,13 @@ between runs, so a dataset built with one is always scanned.
    waiting for it before its scan began (ranks starting together on a fresh
    tree scan once); every later start rescans until the folders settle.
 
+Rules 2 and 3 are checked while another thread reads the arrays. Cold, each
+of those ~2,000 `stat` calls waits on a random read of an inode table (128 KiB
+with ext4's inode readahead), so one thread spends most of a restart waiting:
+once the checks are seen waiting, STAT_THREADS threads keep that many reads in
+flight (coordl/manifest_threads.py; warm, they stay on one thread). Every
+check is still made; the first mismatch stops the rest.
+
 Anything else rescans the whole root; so does ``rescan=True``. What the check
 cannot see: a file rewritten in place (same path, no rename) outside the
 sample; run with ``rescan=True`` after editing files in place (see
@@ -46,6 +53,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -53,11 +61,14 @@ import numpy as np
 import xxhash
 
 from .manifest_identity import FORMAT
+from .manifest_threads import spread_map
 
 MAGIC = b"COORDLM2"
 RACY_NS = 2_000_000_000
 ENV = "COORDL_MANIFEST_CACHE"
 LOCAL_ARRAYS = ("ctimes", "inodes")  # read only when a rescan compares against the old scan
+STAT_THREADS = 32   # restart check: stats in flight at once (see the module docstring)
+_STAT_CHUNK = 16    # checks per task (fewer hand-offs when everything is cached)
 
 
 class ManifestCacheWarning(UserWarning):
@@ -114,13 +125,16 @@ def read_header(path: str) -> dict | None:
     return header
 
 
-def read_arrays(path: str, header: dict, local: bool = False) -> dict[str, np.ndarray] | None:
-    """The arrays of a persisted manifest (with ctimes/inodes when `local`), or None if torn."""
+def read_arrays(path: str, header: dict, local: bool = False,
+                only_local: bool = False) -> dict[str, np.ndarray] | None:
+    """The arrays of a persisted manifest (with ctimes/inodes when `local`; those alone when
+    `only_local`), or None if torn."""
     out = {}
     try:
         with open(path, "rb") as f:
             for name, (off, dtype, count, digest) in header["arrays"].items():
-                if name in LOCAL_ARRAYS and not local:
+                if (name in LOCAL_ARRAYS and not (local or only_local)) or (
+                        only_local and name not in LOCAL_ARRAYS):
                     continue
                 f.seek(header["body"] + off)
                 nbytes = count * np.dtype(dtype).itemsize
@@ -145,14 +159,35 @@ _DIR_FIELDS = ("st_mtime_ns", "st_ctime_ns", "st_ino", "st_dev")
 _FILE_FIELDS = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino")
 
 
-def unchanged(header: dict, root: str, waiting_since_ns: int) -> bool:
-    """Rules 2-4 of the module docstring (rule 1 is read_header/read_arrays)."""
+def _checks(header: dict, root: str) -> list[tuple[str, tuple[str, ...], list]]:
+    """(path, stat fields, recorded values) of every folder and sampled file (rules 2 and 3)."""
+    out = [(os.path.join(root, rel) if rel else root, _DIR_FIELDS, rec) for rel, *rec in header["dirs"]]
+    out += [(os.path.join(root, rel), _FILE_FIELDS, rec) for rel, rec in header["sample"]]
+    return out
+
+
+def _all_match(checks: list[tuple[str, tuple[str, ...], list]]) -> bool:
+    return all(_stat_key(path, fields) == rec for path, fields, rec in checks)
+
+
+def load_unchanged(path: str, header: dict, root: str,
+                   waiting_since_ns: int) -> tuple[bool, dict[str, np.ndarray] | None]:
+    """(rules 2-4 of the module docstring hold, the arrays or None if torn: rule 1): the stats on
+    STAT_THREADS threads while one more reads the arrays; a manifest that is racy for this
+    process is neither stat'ed nor read."""
     if header.get("racy") and header["scan_ns"] < waiting_since_ns:
-        return False
-    for rel, *rec in header["dirs"]:
-        if _stat_key(os.path.join(root, rel) if rel else root, _DIR_FIELDS) != rec:
-            return False
-    return all(_stat_key(os.path.join(root, rel), _FILE_FIELDS) == rec for rel, rec in header["sample"])
+        return False, None
+    checks = _checks(header, root)
+    parts = [checks[i:i + _STAT_CHUNK] for i in range(0, len(checks), _STAT_CHUNK)]
+    arrays: list = [None]
+    reader = threading.Thread(target=lambda: arrays.__setitem__(0, read_arrays(path, header)),
+                              name="coordl-manifest-read", daemon=True)
+    reader.start()
+    try:  # the first mismatch stops the other checks
+        same = False not in spread_map(_all_match, parts, STAT_THREADS, until=lambda ok: not ok)
+    finally:
+        reader.join()
+    return same, arrays[0]
 
 
 def is_racy(dirs: list, scan_ns: int) -> bool:
