@@ -55,9 +55,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from .manifest_threads import spread_map
 
 FORMAT = 2
 SAMPLE_FILES = 1024          # files whose bytes the identity covers
@@ -86,12 +87,12 @@ def _file_sample(path: str) -> bytes:
 
 
 def content_digest(paths: list[str], positions: np.ndarray, threads: int = 8) -> bytes:
-    """sha256 of the sampled files' bytes (read by `threads` threads: it pays when cold)."""
+    """sha256 of the sampled files' bytes (read by `threads` threads once the reads are seen
+    waiting on storage: it pays when cold)."""
     h = hashlib.sha256()
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="coordl-sample") as pool:
-        for pos, data in zip(positions.tolist(), pool.map(_file_sample, paths)):
-            h.update(np.array([pos, len(data)], dtype=np.int64).tobytes())
-            h.update(data)
+    for pos, data in zip(positions.tolist(), spread_map(_file_sample, paths, threads, name="coordl-sample")):
+        h.update(np.array([pos, len(data)], dtype=np.int64).tobytes())
+        h.update(data)
     return h.digest()
 
 

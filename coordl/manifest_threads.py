@@ -8,12 +8,13 @@ filesystems) each call waits on a read, and threads keep many in flight.
 
 `spread_map(fn, items, threads)` is ``[fn(x) for x in items]``. It starts on
 the calling thread and measures, per item, the time that thread was *blocked*:
-off the CPU without waiting for one (wall time - CPU time - run-queue delay,
-from /proc/thread-self/schedstat; CPU contention from other processes is not
-counted). Once one item was blocked for more than BLOCKED_MIN_NS and a quarter
-of its time, `threads - 1` helper threads join in for the items left. Warm
-metadata keeps everything on one thread; cold storage gets the threads from
-its first item on.
+off the CPU without waiting for one (wall time - the thread's CPU time - its
+run-queue delay from /proc/thread-self/schedstat; so CPU contention from other
+processes is not counted). Once the items so far were blocked for more than BLOCKED_MIN_NS in
+all and a quarter of their time, `threads - 1` helper threads join in for the
+items left. Warm metadata keeps everything on one thread (a few inodes the
+kernel had evicted do not turn threads on); cold storage gets them after its
+first items.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-BLOCKED_MIN_NS = 1_000_000
+BLOCKED_MIN_NS = 20_000_000  # in all, since the start: a stray cold inode is not a cold tree
 
 
 class _Blocked:
@@ -40,15 +41,17 @@ class _Blocked:
             self._fd = None  # no schedstat: CPU waits count as blocked (errs towards threads)
 
     def _busy_ns(self) -> int:
+        # the CPU time from the clock: schedstat's first field lags up to a scheduler tick for a
+        # thread that is running (it is what reads it)
         if self._fd is not None:
-            cpu, delay = os.pread(self._fd, 64, 0).split()[:2]
-            return int(cpu) + int(delay)
+            return time.thread_time_ns() + int(os.pread(self._fd, 64, 0).split()[1])
         return time.thread_time_ns()
 
     def mark(self) -> tuple[int, int]:
         return time.perf_counter_ns(), self._busy_ns()
 
     def blocked_since(self, mark: tuple[int, int]) -> bool:
+        """Blocked for more than BLOCKED_MIN_NS in all, and a quarter of the time, since `mark`."""
         wall = time.perf_counter_ns() - mark[0]
         blocked = wall - (self._busy_ns() - mark[1])
         return blocked > BLOCKED_MIN_NS and 4 * blocked > wall
@@ -92,11 +95,11 @@ def spread_map(fn: Callable[[T], R], items: Sequence[T], threads: int,
 
     helpers: list[threading.Thread] = []
     clock = _Blocked() if threads > 1 else None
+    mark = clock.mark() if clock is not None else None
     try:
         while (i := take()) >= 0:
-            mark = clock.mark() if clock is not None and not helpers else None
             one(i)
-            if mark is not None and clock.blocked_since(mark):
+            if mark is not None and not helpers and clock.blocked_since(mark):
                 for k in range(threads - 1):
                     t = threading.Thread(target=helper, name=f"{name}-{k}", daemon=True)
                     try:
