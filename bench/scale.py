@@ -22,7 +22,10 @@ and then the figures that grow with the item count: DataLoader worker start
 (iter to first batch) and per-worker USS/PSS over the first 100k items of an
 epoch, beside torch's DataLoader over a list-of-(path, label)-tuples dataset;
 the MinIO cache's index (create, attach, `coordl cache ls`); the epoch plan
-(coordl.sampling.epoch_order, ms per epoch); partition placement over 4 nodes.
+(coordl.sampling.epoch_order, ms per epoch); partition placement over 4 nodes;
+the coordinator daemon's start (`coordl serve --data ROOT` to its "listening"
+line, the persisted manifest present) and `coordl status` against it (the
+whole command), cold and warm.
 """
 
 from __future__ import annotations
@@ -154,6 +157,59 @@ def measure(kind: str, root: str, store: str, threads: int, cold: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# -- the coordinator daemon --------------------------------------------------------------
+
+def serve_once(root: str, store: str, cold: bool, batch: int = 64, size: int = 224) -> dict:
+    """`coordl serve --data ROOT` from exec to its "listening" line (it scans or loads the
+    manifest, makes the ring, starts 2 prep workers), then `coordl status` against it (the
+    whole command: interpreter, imports, one request), then SIGTERM."""
+    import select
+    import signal
+    import tempfile
+    cli = os.path.join(os.path.dirname(sys.executable), "coordl")
+    env = {**os.environ, "COORDL_MANIFEST_CACHE": store}
+    sockdir = tempfile.mkdtemp(prefix="cdl-scale-", dir="/tmp")  # AF_UNIX paths are short
+    sock = os.path.join(sockdir, "s.sock")
+    argv = [cli, "serve", "--data", root, "--batch-size", str(batch), "--size", str(size), "--socket", sock,
+            "--workers", "2", "--join-window", "0"]
+    if cold:
+        _drop_caches()
+    try:
+        with open(os.path.join(sockdir, "serve.err"), "w") as err:
+            t = time.perf_counter()
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        try:
+            ready, _, _ = select.select([proc.stdout], [], [], 600)
+            line = proc.stdout.readline() if ready else ""
+            start_s = time.perf_counter() - t
+            if "listening" not in line:
+                with open(os.path.join(sockdir, "serve.err")) as f:
+                    raise RuntimeError(f"coordl serve did not start: {line!r}\n{f.read()[-2000:]}")
+            if cold:
+                _drop_caches()
+            t = time.perf_counter()
+            out = subprocess.run([cli, "status", "--socket", sock], check=True, capture_output=True, text=True)
+            status_s = time.perf_counter() - t
+            items = int(out.stdout.split(" items")[0].rsplit("(", 1)[1])
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+            proc.stdout.close()
+    finally:
+        shutil.rmtree(sockdir, ignore_errors=True)
+    return {"start_s": start_s, "status_s": status_s, "items": items}
+
+
+def serve_figures(root: str, store: str, can_drop: bool) -> dict:
+    """Cold (caches dropped before `serve` and again before `status`) and warm (best of two)."""
+    cold = serve_once(root, store, True) if can_drop else None
+    warm = [serve_once(root, store, False) for _ in range(2)]
+    return {"items": warm[0]["items"],
+            "start_cold_s": cold and cold["start_s"], "status_cold_s": cold and cold["status_s"],
+            "start_warm_s": min(w["start_s"] for w in warm), "status_warm_s": min(w["status_s"] for w in warm)}
+
+
 # -- the figures that grow with the item count -------------------------------------------
 
 class _TupleFolder:
@@ -279,8 +335,8 @@ def main() -> None:
     ap.add_argument("--root", default=None, help="where the tree is built (default /tmp/coordl-scale-FILES)")
     ap.add_argument("--loader-items", type=int, default=100_000)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--rows", default=None, help="comma-separated start-up rows only (tv,stat,first,...): "
-                    "skips the loader and index figures")
+    ap.add_argument("--rows", default=None, help="comma-separated start-up rows only (tv,stat,first,...; "
+                    "serve: the daemon's start and `coordl status`): skips the loader and index figures")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=8, help=argparse.SUPPRESS)
@@ -305,10 +361,13 @@ def main() -> None:
         res["rows"][key] = {"label": label, "cold_s": cold, "warm_s": min(w["s"] for w in warm),
                             "scans": {k: warm[-1].get(k) for k in ("walks", "loads")}}
         print(f"{label}: cold {_fmt(cold)} warm {_fmt(res['rows'][key]['warm_s'])}", flush=True)
+    if not a.rows or "serve" in a.rows.split(","):
+        res["serve"] = serve_figures(root, store, can_drop)
+        print(f"serve: {res['serve']}", flush=True)
     res["machine"] = report.machine(list(range(os.cpu_count() or 1)))
     res["command"] = report.command()
     if a.rows:
-        print(json.dumps(res["rows"], indent=1))
+        print(json.dumps({k: res[k] for k in ("rows", "serve") if k in res}, indent=1))
         return
     res["loader"] = {w: loader_memory(root, store, w, a.loader_items) for w in ("coordl", "torch")}
     print(f"loader: {res['loader']}", flush=True)
@@ -327,7 +386,7 @@ def markdown(r: dict) -> str:
         rc = "-" if v["cold_s"] is None or stat["cold_s"] is None else f"{v['cold_s'] / stat['cold_s']:.2f}x"
         lines.append(f"| {v['label']} | {_fmt(v['cold_s'])} | {_fmt(v['warm_s'])} | {rc} | "
                      f"{v['warm_s'] / stat['warm_s']:.2f}x |")
-    lo, ix = r["loader"], r["index"]
+    lo, ix, sv = r["loader"], r["index"], r["serve"]
     lines += ["", "| grows with the item count | coordl | torch, list of tuples |", "|---|---:|---:|",
               f"| worker start (iter to first batch, 2 workers) | {lo['coordl']['start_s']:.2f} s | "
               f"{lo['torch']['start_s']:.2f} s |"]
@@ -339,6 +398,10 @@ def markdown(r: dict) -> str:
               f"| MinIO segment create / attach | {ix['minio_create_s'] * 1000:.0f} / "
               f"{ix['minio_attach_s'] * 1000:.0f} ms | |",
               f"| `coordl cache ls` (whole command) | {ix['cache_ls_s']:.2f} s | |",
+              f"| `coordl serve --data ROOT` to listening (manifest load, ring, 2 workers), cold / warm | "
+              f"{_fmt(sv['start_cold_s'])} / {_fmt(sv['start_warm_s'])} | |",
+              f"| `coordl status` against it (whole command), cold / warm | "
+              f"{_fmt(sv['status_cold_s'])} / {_fmt(sv['status_warm_s'])} | |",
               f"| epoch plan (`coordl.sampling.epoch_order`) | {ix['epoch_order_ms']:.0f} ms per epoch | |",
               f"| partition placement, 4 nodes, every item | {ix['placement_4_nodes_ms']:.0f} ms | |"]
     return "\n".join(lines) + "\n"
