@@ -33,6 +33,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from operator import attrgetter
 
 import numpy as np
@@ -130,12 +131,11 @@ def _walk_class(root: str, cls: str, exts: tuple[str, ...] | None,
             except OSError as e:
                 raise DatasetError(f"cannot list dataset folder {path!r}: {e}: fix its permissions "
                                    "or remove it from the dataset root") from e
-            subdirs, names = [], []
-            for e in entries:
-                (subdirs if e.is_dir() else names).append(e.name)
+            names = [e.name for e in entries if not e.is_dir()]
+            subdirs = [e.name for e in entries if e.is_dir()] if len(names) < len(entries) else []
             if is_valid_file is not None:
                 names = [n for n in names if is_valid_file(os.path.join(path, n))]
-            elif exts is not None:
+            elif exts is not None and not all(map(str.endswith, names, repeat(fast))):
                 names = [n for n in names if n.endswith(fast) or n.lower().endswith(exts)]
             dirs.append(rec)
             if names:
