@@ -97,9 +97,14 @@ def test_cli_cuda_without_gpu(tiny_root, tmp_path):
 def test_interrupt_removes_the_temporary_caches(tiny_root, steps_dir, sig):
     mark = steps_dir / "mark"
     env = {**os.environ, "MARK": str(mark)}
-    proc = subprocess.Popen([COORDL, "profile", "--data", tiny_root, "--train-step", "mysteps:stall_in_cached_run",
-                             "--batch-size", "4", "--workers", "2", "--steps", "2"], cwd=steps_dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # through a launcher that sets SIGINT and SIGTERM to their defaults first: a test run started in
+    # the background of a script inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt (Ctrl-C in a terminal always has the default)
+    launch = ("import os, signal, sys; [signal.signal(s, signal.SIG_DFL) for s in (2, 15)]; "
+              "os.execv(sys.argv[1], sys.argv[1:])")
+    proc = subprocess.Popen([sys.executable, "-c", launch, COORDL, "profile", "--data", tiny_root, "--train-step",
+                             "mysteps:stall_in_cached_run", "--batch-size", "4", "--workers", "2", "--steps", "2"],
+                            cwd=steps_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
         while not mark.exists():  # the step writes it once the cache segment exists
