@@ -4,12 +4,13 @@
   memory, or a loader); warm-up steps are excluded from the timing, and on a
   CUDA device `torch.cuda.synchronize()` closes the warm-up and the run.
 - `loader_rate`: a `coordl.DataLoader` over a given list of items, with or
-  without the train step; worker CPU time over the timed steps, as for the
-  training process, from ``/proc/<pid>/stat`` of the live workers. (Over the
-  whole run, from ``RUSAGE_CHILDREN`` once they are reaped, it also holds
-  their start - copy-on-write faults of a forked training process - and the
-  warm-up: here that put the per-sample CPU 9% high, more cores busy than
-  the machine has.) ``RUSAGE_CHILDREN`` is the fallback where /proc is not.
+  without the train step. The workers' CPU per sample is their CPU over the
+  timed steps (``/proc/<pid>/stat`` of the live workers) over the items they
+  decoded meanwhile (the loader's live ``decodes`` counter), so that neither
+  their start (copy-on-write faults of a forked training process: over whole
+  runs, ``RUSAGE_CHILDREN`` put it 1-12% higher here) nor batches prefetched
+  before the timing began count. ``RUSAGE_CHILDREN`` over the whole run is the
+  fallback where /proc is not.
 - `storage_bandwidth`: cold reads of whole files by 1..W threads; the files'
   pages are dropped before (``posix_fadvise(DONTNEED)``, no root needed) and
   after each read. `read_latency`: single cold reads, spaced out.
@@ -96,9 +97,10 @@ def _call(train_step: Callable, batch, first: bool):
     return out
 
 
-def workers_cpu(it) -> float | None:
-    """CPU seconds so far of the live worker processes of loader iterator `it` (torch's
-    ``_workers``), from /proc/<pid>/stat (every thread); None where that cannot be read."""
+def workers_cpu(it, counters: Callable[[], dict] | None = None) -> tuple[float, int] | None:
+    """(CPU seconds so far of the live worker processes of loader iterator `it` (torch's
+    ``_workers``; /proc/<pid>/stat, every thread), items decoded so far by `counters()`'s
+    ``decodes``, 0 without it); None where the CPU cannot be read."""
     workers = getattr(it, "_workers", None)
     if not workers:
         return None
@@ -110,16 +112,16 @@ def workers_cpu(it) -> float | None:
         except (OSError, ValueError, AttributeError):
             return None
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15), clock ticks
-    return total / os.sysconf("SC_CLK_TCK")
+    return total / os.sysconf("SC_CLK_TCK"), (counters()["decodes"] if counters is not None else 0)
 
 
 def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, steps: int,
                batch_size: int, sync: Callable[[], None], desc: str, progress: bool,
-               children: Callable[[], float | None] | None = None) -> Timed:
+               children: Callable[[], tuple[float, int] | None] | None = None) -> Timed:
     """Time `steps` batches after `warmup` of them; `train_step` None: only take the batches.
-    `children` (CPU seconds of the loader's workers so far, or None) is read at both ends of the
-    timed steps; the Timed's cpu_children is then per timed sample (nan where it returned None;
-    0 without it)."""
+    `children` ((CPU seconds of the loader's workers, items they prepared) so far, or None) is
+    read at both ends of the timed steps; the Timed's cpu_children is then CPU per item prepared
+    meanwhile (nan where it returned None or no item was prepared; 0 without `children`)."""
     bar = tqdm(total=warmup + steps, desc=desc, leave=False, disable=not progress, unit="step")
     t0 = c0 = w0 = w1 = None
     samples = k = 0
@@ -147,7 +149,8 @@ def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, step
     if children is None:
         workers = 0.0
     else:  # nan: the workers' CPU could not be read (loader_rate falls back to RUSAGE_CHILDREN)
-        workers = (w1 - w0) / samples if w0 is not None and w1 is not None else math.nan
+        done = w1[1] - w0[1] if w0 is not None and w1 is not None else 0
+        workers = (w1[0] - w0[0]) / done if done > 0 else math.nan
     return Timed(samples, t1 - t0, (c1 - c0) / samples, workers, {})
 
 
@@ -181,7 +184,7 @@ def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache,
     it = iter(loader)
     try:
         timed = train_rate(it, train_step, warmup, steps, batch_size, sync, desc, progress,
-                           children=lambda it=it: workers_cpu(it))
+                           children=lambda it=it: workers_cpu(it, loader.stats))
         for _ in it:  # the rest of `items` (none when len(items) == (warmup + steps) * batch)
             pass
     finally:

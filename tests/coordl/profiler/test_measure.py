@@ -13,10 +13,16 @@ def test_workers_cpu_reads_each_live_worker(tiny_root):
     try:
         next(it)
         assert len(it._workers) == 2
-        first = measure.workers_cpu(it)
+        first = measure.workers_cpu(it, loader.stats)
+        for _ in range(8):
+            next(it)
+        last = measure.workers_cpu(it, loader.stats)
+        assert first is not None and last is not None
+        # decoded: at least what was consumed (1 batch, then 9), at most the 40 items
+        assert 0 <= first[0] <= last[0] and 4 <= first[1] <= last[1] and 36 <= last[1] <= 40
+        assert measure.workers_cpu(it)[1] == 0  # no counters: no count
         for _ in it:
             pass
-        assert first is not None and first >= 0
     finally:
         it._shutdown_workers()
     # no worker processes (num_workers=0), or none left to read: None, and loader_rate falls back
@@ -25,11 +31,13 @@ def test_workers_cpu_reads_each_live_worker(tiny_root):
 
 
 def test_train_rate_per_sample_cpu_of_the_workers():
-    ticks = iter([1.0, 3.0])
+    ticks = iter([(1.0, 8), (3.0, 24)])
     batches = [[None, list(range(4))]] * 5
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: next(ticks))
-    assert t.samples == 16 and t.cpu_children == 2.0 / 16
+    assert t.samples == 16 and t.cpu_children == 2.0 / 16  # per item prepared in the timed steps
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: None)
     assert t.cpu_children != t.cpu_children  # nan: unknown
+    t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: (1.0, 8))
+    assert t.cpu_children != t.cpu_children  # no item prepared meanwhile: unknown
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False)
     assert t.cpu_children == 0.0
