@@ -93,7 +93,7 @@ def _libc_statx():
         fn = ctypes.CDLL(None, use_errno=True).statx
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
 
@@ -116,8 +116,16 @@ def _stat_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...]:
     if _STATX is not None and k:
         buf = np.empty((k, 32), dtype=np.int64)
         base = buf.ctypes.data
-        encoded = [n.encode("utf-8", "surrogateescape") for n in names]
-        rcs = list(map(_STATX, repeat(fd, k), encoded, repeat(0, k), repeat(_STATX_BASIC, k),
+        # the names NUL-terminated in one buffer, passed by address (no bytes object per name)
+        joined = ("\0".join(names) + "\0").encode("utf-8", "surrogateescape")
+        chars = np.fromiter(map(len, names), np.int64, k)
+        if len(joined) == int(chars.sum()) + k:  # one byte per character
+            starts = np.zeros(k, dtype=np.int64)
+            np.cumsum(chars[:-1] + 1, out=starts[1:])
+            arg = (starts + np.frombuffer(joined, dtype=np.uint8).ctypes.data).tolist()
+        else:
+            arg = [n.encode("utf-8", "surrogateescape") for n in names]
+        rcs = list(map(_STATX, repeat(fd, k), arg, repeat(0, k), repeat(_STATX_BASIC, k),
                        range(base, base + 256 * k, 256)))
         if not any(rcs) and bool(((buf[:, 0] & _STATX_NEEDED) == _STATX_NEEDED).all()) \
                 and bool((buf[:, 4:6] >= 0).all()):
@@ -179,8 +187,12 @@ def _walk_class(root: str, cls: str, exts: tuple[str, ...] | None,
             subdirs = [e.name for e in entries if e.is_dir()] if len(names) < len(entries) else []
             if is_valid_file is not None:
                 names = [n for n in names if is_valid_file(os.path.join(path, n))]
-            elif exts is not None and not all(map(str.endswith, names, repeat(fast))):
-                names = [n for n in names if n.endswith(fast) or n.lower().endswith(exts)]
+            elif exts is not None and names:
+                # most folders hold one extension: try the first name's alone, then all of them
+                first = names[0][names[0].rfind("."):]
+                if not (first in fast and all(map(str.endswith, names, repeat(first)))) and \
+                        not all(map(str.endswith, names, repeat(fast))):
+                    names = [n for n in names if n.endswith(fast) or n.lower().endswith(exts)]
             dirs.append(rec)
             if names:
                 names.sort()
