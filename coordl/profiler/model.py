@@ -16,7 +16,7 @@ at a time; the training step consumes batches as they come (prefetching
 overlaps the two). Throughput with a fraction x of the items in the cache:
 
     workers(x, w) = w / (t_item(w) + (1 - x) * miss_cost(w))
-    storage(x, w) = storage_bw(w) / ((1 - x) * item_bytes)
+    storage(x, w) = max(storage_bw(w), prep_cold(w) * item_bytes) / ((1 - x) * item_bytes)
     cpu(x, w)     = cores / (train_cpu + prep_cpu(w) + (1 - x) * fetch_cpu)
     rate(x, w)    = min(ingestion, workers(x, w), storage(x, w), cpu(x, w))
 
@@ -125,7 +125,16 @@ class Inputs:
             return False
         k = min(workers, self.measured_workers)
         latency_bound = k / (k / self.prep_alone[k - 1] + self.idle_miss_cost())
-        return self.storage_bw[k - 1] / self.item_bytes > latency_bound
+        return self.storage_bandwidth(k) / self.item_bytes > latency_bound
+
+    def storage_bandwidth(self, workers: int) -> float:
+        """Bytes/s the storage delivers to `workers` readers (W above W): the larger of two
+        measured lower bounds, the threads' cold reads (storage_bw) and what the loader alone
+        got reading cold items (prep_cold x item_bytes). A throttle (blkio) gave the loader 5.5-6
+        MB/s where the threads, reading back to back, got 5.0 MiB/s."""
+        k = min(workers, self.measured_workers)
+        got = self.prep_cold[k - 1] * self.item_bytes if self.prep_cold else 0.0
+        return max(self.storage_bw[k - 1], got)
 
     def _at(self, values: tuple[float, ...], workers: int) -> float:
         return values[min(workers, len(values)) - 1]
@@ -158,7 +167,7 @@ def limits(inp: Inputs, cache_fraction: float, workers: int) -> Limits:
         raise ValueError(f"workers={workers} must be >= 1")
     miss = 1.0 - cache_fraction
     per_item = 1.0 / inp.worker_speed(workers) + miss * inp.miss_cost(workers)
-    storage = inp._at(inp.storage_bw, workers) / (miss * inp.item_bytes) if miss > 0 else float("inf")
+    storage = inp.storage_bandwidth(workers) / (miss * inp.item_bytes) if miss > 0 else float("inf")
     cpu_per_sample = inp.train_cpu + inp._at(inp.prep_cpu, workers) + miss * inp.fetch_cpu
     cpu = inp.cores / cpu_per_sample if cpu_per_sample > 0 else float("inf")
     return Limits(inp.ingestion, workers / per_item, storage, cpu)

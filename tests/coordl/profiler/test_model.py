@@ -122,6 +122,17 @@ def test_a_cold_run_held_by_bandwidth_leaves_the_miss_to_the_storage_bound():
     assert model.limits(inp, 0.5, 2).bound == "storage"
 
 
+def test_storage_bandwidth_is_at_least_what_the_cold_loader_got():
+    # the threads measured 10 MB/s, the cold loader alone read 120 items/s of 100 kB (12 MB/s)
+    inp = inputs(prep_cold=(120.0, 110.0), storage_bw=(10 * MB, 10 * MB), memory_bw=10**15,
+                 read_latency=0.001)
+    assert inp.storage_bandwidth(1) == pytest.approx(12 * MB)
+    assert inp.storage_bandwidth(2) == pytest.approx(11 * MB) and inp.storage_bandwidth(5) == inp.storage_bandwidth(2)
+    assert model.predict(inp, 0.5, 2) == pytest.approx(220.0)
+    assert model.limits(inp, 0.5, 2).bound == "storage"
+    assert inputs(storage_bw=(10 * MB, 10 * MB)).storage_bandwidth(1) == 10 * MB  # no cold runs
+
+
 def test_cold_reads_cost_cpu():
     free = dict(storage_bw=(10**15, 10**15), memory_bw=10**15)
     inp = inputs(cores=2, train_cpu=0.001, prep_cpu=(0.002, 0.002), fetch_cpu=0.001, ingestion=5000.0,
