@@ -7,14 +7,14 @@ slower than one. When the metadata is not in memory (cold page cache, network
 filesystems) each call waits on a read, and threads keep many in flight.
 
 `spread_map(fn, items, threads)` is ``[fn(x) for x in items]``. It starts on
-the calling thread and measures, per item, the time that thread was *blocked*:
-off the CPU without waiting for one (wall time - the thread's CPU time - its
-run-queue delay from /proc/thread-self/schedstat; so CPU contention from other
-processes is not counted). Once the items so far were blocked for more than BLOCKED_MIN_NS in
-all and a quarter of their time, `threads - 1` helper threads join in for the
-items left. Warm metadata keeps everything on one thread (a few inodes the
-kernel had evicted do not turn threads on); cold storage gets them after its
-first items.
+the calling thread and measures the time that thread was *blocked*: off the
+CPU without waiting for one (wall time - the thread's CPU time - its run-queue
+delay from /proc/thread-self/schedstat, so CPU contention from other processes
+is not counted). Once the items so far were blocked for more than
+BLOCKED_MIN_NS in all and a quarter of their time, `threads - 1` helper
+threads join in for the items left. Warm metadata keeps everything on one
+thread (a few inodes the kernel had evicted do not turn threads on); cold
+storage gets them after its first items.
 """
 
 from __future__ import annotations
