@@ -173,7 +173,7 @@ def _detach(daemon) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status_cmd(socket_path, as_json):
     """Attached jobs, each job's position, ring occupancy, images/s of a coordinator."""
-    from .coordinator.client import status
+    from .coordinator.channel import status
 
     st = status(socket_path)
     if as_json:

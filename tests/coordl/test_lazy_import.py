@@ -23,3 +23,13 @@ def test_lazy_attributes_resolve():
         assert "no_such_thing" in str(e)
     else:
         raise AssertionError("unknown attribute did not raise")
+
+
+def test_coordl_status_does_not_import_torch(tmp_path):
+    # no daemon there: the command fails with a clear error, and got there without torch
+    code = ("import sys, coordl.cli; from click.testing import CliRunner; "
+            f"r = CliRunner().invoke(coordl.cli.main, ['status', '--socket', {str(tmp_path / 'none.sock')!r}]); "
+            "assert r.exit_code != 0 and 'none.sock' in r.output, r.output; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
