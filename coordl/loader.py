@@ -34,7 +34,9 @@ additionally:
 
 from __future__ import annotations
 
+import gc
 import platform
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -115,6 +117,19 @@ def collate(batch: Any) -> Any:
     if isinstance(batch, PreparedBatch):
         return Batch([batch.images, batch.labels], batch.pooled)
     return default_collate(batch)
+
+
+def _collect_dali_garbage() -> None:
+    """Collect cyclic garbage before torch forks workers, when NVIDIA DALI is loaded.
+
+    A DALI pipeline left in a reference cycle (not yet collected) is copied into every forked
+    worker without the executor threads it owns; when the worker's garbage collector finalizes
+    it, its destructor waits for those threads forever and the worker never sends a batch (seen:
+    a DataLoader hung after an earlier DALI pipeline in the same process). Collected here, in the
+    process that still has the threads, it is torn down properly and the workers inherit none.
+    """
+    if "nvidia.dali" in sys.modules:
+        gc.collect()
 
 
 def is_coordl_dataset(dataset: Any) -> bool:
@@ -313,6 +328,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _get_iterator(self):
         if self.num_workers == 0:
             return SingleIter(self, self._position)
+        _collect_dali_garbage()
         self._lend_buffers()  # before torch starts the workers, which copy the dataset
         return MultiIter(self, self._position)
 
