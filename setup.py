@@ -1,9 +1,13 @@
-"""Build hook for the optional C extension `coordl.pipelines._jpegroi`; metadata is in setup.cfg.
+"""Build hook for the optional C extensions; metadata is in setup.cfg.
 
-The extension decodes only a crop's region of a JPEG with libjpeg-turbo
+`coordl.pipelines._jpegroi` decodes only a crop's region of a JPEG with libjpeg-turbo
 (pipelines/_jpegroi.c). It needs a C compiler, Python's headers and
 jpeglib.h (Debian: libjpeg62-turbo-dev). When any of them is missing the
 build skips it (`optional=True`) and coordl decodes with Pillow alone.
+
+`coordl._statnames` stats the files of one folder in C for the dataset scan
+(coordl/_statnames.c); without it the scan calls libc's statx through
+ctypes, or os.stat.
 
 Listing `ext_modules` turns off setuptools' automatic package discovery, so
 the packages are listed here: every package under each folder that
@@ -25,6 +29,12 @@ setup(
             "coordl.pipelines._jpegroi",
             sources=["pipelines/_jpegroi.c"],
             libraries=["jpeg"],
+            extra_compile_args=["-Wall"],
+            optional=True,
+        ),
+        Extension(
+            "coordl._statnames",
+            sources=["coordl/_statnames.c"],
             extra_compile_args=["-Wall"],
             optional=True,
         ),

@@ -8,7 +8,8 @@ its own inode and data block, as a real dataset has; hard links would share
 one inode and make every cold `stat` hit the same cached inode). Then, each
 in a fresh process, cold (``sync; echo 3 > /proc/sys/vm/drop_caches`` before
 the process starts; without root the bench says it measured warm only) and
-warm (the best of two runs right after):
+warm (the best of two runs right after), in --rounds interleaved rounds
+(every row once per round; medians and per-round ratios to the stat loop):
 
 - a torchvision-style scan (its make_dataset: os.walk + sorted names, no stat),
 - a plain Python loop: scandir + one stat per file,
@@ -324,6 +325,25 @@ ROWS = [  # (key, kind, threads, label)
 ]
 
 
+def _summary(label: str, run: dict, stat: dict | None) -> dict:
+    """Medians over the rounds, and the median (min, max) of the per-round ratios to the stat loop."""
+    out = {"label": label, "scans": run["scans"], "cold_runs_s": run["cold"], "warm_runs_s": run["warm"]}
+    for which in ("cold", "warm"):
+        xs = run[which]
+        out[f"{which}_s"] = None if None in xs else float(np.median(xs))
+        if stat is not None and None not in xs and None not in stat[which]:
+            ratios = [x / b for x, b in zip(xs, stat[which])]
+            out[f"{which}_ratio"] = {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)}
+    return out
+
+
+def _ratio(v: dict, which: str) -> str:
+    r = v.get(f"{which}_ratio")
+    if r is None:
+        return "-"
+    return f"{r['median']:.2f}x" + (f" ({r['min']:.2f}-{r['max']:.2f})" if r["min"] != r["max"] else "")
+
+
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f} s"
 
@@ -334,6 +354,8 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--root", default=None, help="where the tree is built (default /tmp/coordl-scale-FILES)")
     ap.add_argument("--loader-items", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the start-up rows "
+                    "(each: cold, then warm best of two); the table gives medians and per-round ratios")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", default=None, help="comma-separated start-up rows only (tv,stat,first,...; "
                     "serve: the daemon's start and `coordl status`): skips the loader and index figures")
@@ -353,14 +375,19 @@ def main() -> None:
                  "cold": "echo 3 > /proc/sys/vm/drop_caches before each process" if can_drop
                  else "not measured (drop_caches needs root)", "rows": {}}
     measure("first", root, store, 8, False)       # so that restart/rescan/sample find a manifest
-    for key, kind, threads, label in ROWS:
-        if a.rows and key not in a.rows.split(","):
-            continue
-        cold = measure(kind, root, store, threads, True)["s"] if can_drop else None
-        warm = [measure(kind, root, store, threads, False) for _ in range(2)]
-        res["rows"][key] = {"label": label, "cold_s": cold, "warm_s": min(w["s"] for w in warm),
-                            "scans": {k: warm[-1].get(k) for k in ("walks", "loads")}}
-        print(f"{label}: cold {_fmt(cold)} warm {_fmt(res['rows'][key]['warm_s'])}", flush=True)
+    rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
+    runs: dict = {key: {"cold": [], "warm": [], "scans": None} for key, *_ in rows}
+    for k in range(a.rounds):  # interleaved: every row once per round, so drift hits all alike
+        for key, kind, threads, label in rows:
+            cold = measure(kind, root, store, threads, True)["s"] if can_drop else None
+            warm = [measure(kind, root, store, threads, False) for _ in range(2)]
+            runs[key]["cold"].append(cold)
+            runs[key]["warm"].append(min(w["s"] for w in warm))
+            runs[key]["scans"] = {x: warm[-1].get(x) for x in ("walks", "loads")}
+            print(f"round {k + 1}/{a.rounds} {label}: cold {_fmt(cold)} warm {_fmt(runs[key]['warm'][-1])}",
+                  flush=True)
+    for key, *_, label in rows:
+        res["rows"][key] = _summary(label, runs[key], runs.get("stat"))
     if not a.rows or "serve" in a.rows.split(","):
         res["serve"] = serve_figures(root, store, can_drop)
         print(f"serve: {res['serve']}", flush=True)
@@ -376,16 +403,18 @@ def main() -> None:
 
 
 def markdown(r: dict) -> str:
-    rows, stat = r["rows"], r["rows"]["stat"]
+    rows = r["rows"]
+    rounds = len(next(iter(rows.values()))["warm_runs_s"])
     lines = [f"### Scale: {r['files']:,} files in {r['classes']:,} folders (`bench/scale.py`)", "",
              f"One {r['tree']['jpeg_bytes']:,}-byte JPEG {r['tree']['how']}; cold: {r['cold']}; "
-             "warm: best of two. Each figure in a fresh process, timing the call only.", "",
+             f"warm: best of two. Each figure in a fresh process, timing the call only; {rounds} interleaved "
+             "rounds (every row once per round): medians, and the median (min-max) of the per-round "
+             "ratios to the stat loop of the same round.", "",
              "| start of the dataset | cold | warm | cold / stat loop | warm / stat loop |",
              "|---|---:|---:|---:|---:|"]
     for v in rows.values():
-        rc = "-" if v["cold_s"] is None or stat["cold_s"] is None else f"{v['cold_s'] / stat['cold_s']:.2f}x"
-        lines.append(f"| {v['label']} | {_fmt(v['cold_s'])} | {_fmt(v['warm_s'])} | {rc} | "
-                     f"{v['warm_s'] / stat['warm_s']:.2f}x |")
+        lines.append(f"| {v['label']} | {_fmt(v['cold_s'])} | {_fmt(v['warm_s'])} | {_ratio(v, 'cold')} | "
+                     f"{_ratio(v, 'warm')} |")
     lo, ix, sv = r["loader"], r["index"], r["serve"]
     lines += ["", "| grows with the item count | coordl | torch, list of tuples |", "|---|---:|---:|",
               f"| worker start (iter to first batch, 2 workers) | {lo['coordl']['start_s']:.2f} s | "

@@ -14,9 +14,12 @@ blocked on storage (coordl/manifest_threads.py).
 
 Each folder is opened once and its files are stat'ed by name relative to that
 descriptor, so the kernel looks up one path component, not the whole path, and
-Python builds no path per file: libc's ``statx`` through ctypes, mapped over the
-names, writes each file's row of one numpy buffer (no `os.stat_result` per
-file); where it is missing or fails, ``os.stat(name, dir_fd=fd)``.
+Python builds no path per file. The C extension ``coordl._statnames``
+(coordl/_statnames.c) stats a whole folder in one call without the GIL and
+writes four int64 columns: no Python object per file. Where it was not built,
+libc's ``statx`` through ctypes, mapped over the names, writes each file's row
+of one numpy buffer; where that is missing or fails, ``os.stat(name, dir_fd=fd)``.
+All three give the same columns (tests/coordl/test_manifest_scan.py).
 Relative paths are built per folder, not per file: ``prefix + prefix.join(names)``
 is the concatenation of every ``prefix + name`` in one C call, and their
 lengths come from ``len`` mapped over the names (one encode per folder checks
@@ -42,6 +45,11 @@ import numpy as np
 
 from .errors import DatasetError
 from .manifest_threads import spread_map
+
+try:
+    from . import _statnames
+except ImportError:  # the optional extension was not built (setup.py): statx through ctypes
+    _statnames = None
 
 # One stat per folder: (relative path from the root, "" for the root, mtime_ns, ctime_ns, ino, dev).
 DirRecord = tuple[str, int, int, int, int]
@@ -108,30 +116,47 @@ _LOW = 0xFFFFFFFF
 
 def _stat_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...]:
     """(sizes, mtimes, ctimes, inodes) of the names in the open folder `fd`, following links as
-    os.stat does. With libc's statx each call writes its row of one numpy buffer: no Python
+    os.stat does; a name that cannot be stat'ed gets (-1, 0, 0, 0). The C extension where it
+    was built, else statx through ctypes, else os.stat: all three give the same columns."""
+    if not names:
+        return _columns([])
+    if _statnames is not None:
+        return _c_columns(fd, names)
+    got = _statx_columns(fd, names) if _STATX is not None else None
+    return got if got is not None else _columns(_stat_all(fd, names))
+
+
+def _c_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...]:
+    """coordl/_statnames.c: one call per folder, no GIL, no Python object per file."""
+    cols = np.empty((4, len(names)), dtype=np.int64)
+    _statnames.stat_names(fd, ("\0".join(names) + "\0").encode("utf-8", "surrogateescape"), len(names), cols)
+    return cols[0], cols[1], cols[2], cols[3]
+
+
+def _statx_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...] | None:
+    """libc's statx through ctypes: each call writes its row of one numpy buffer, no Python
     object per file (os.stat builds a stat_result of 20 fields, and taking 4 columns out of
-    them cost as much again as the stat's own Python work). Any failure, or a field missing,
-    and the folder is stat'ed again with os.stat, which marks the files it cannot stat."""
+    them costs as much again as the stat's own Python work). None on any failure or a field
+    missing: the caller stats the folder again with os.stat, which marks what it cannot stat."""
     k = len(names)
-    if _STATX is not None and k:
-        buf = np.empty((k, 32), dtype=np.int64)
-        base = buf.ctypes.data
-        # the names NUL-terminated in one buffer, passed by address (no bytes object per name)
-        joined = ("\0".join(names) + "\0").encode("utf-8", "surrogateescape")
-        chars = np.fromiter(map(len, names), np.int64, k)
-        if len(joined) == int(chars.sum()) + k:  # one byte per character
-            starts = np.zeros(k, dtype=np.int64)
-            np.cumsum(chars[:-1] + 1, out=starts[1:])
-            arg = (starts + np.frombuffer(joined, dtype=np.uint8).ctypes.data).tolist()
-        else:
-            arg = [n.encode("utf-8", "surrogateescape") for n in names]
-        rcs = list(map(_STATX, repeat(fd, k), arg, repeat(0, k), repeat(_STATX_BASIC, k),
-                       range(base, base + 256 * k, 256)))
-        if not any(rcs) and bool(((buf[:, 0] & _STATX_NEEDED) == _STATX_NEEDED).all()) \
-                and bool((buf[:, 4:6] >= 0).all()):
-            return (buf[:, 5].copy(), buf[:, 14] * 1_000_000_000 + (buf[:, 15] & _LOW),
-                    buf[:, 12] * 1_000_000_000 + (buf[:, 13] & _LOW), buf[:, 4].copy())
-    return _columns(_stat_all(fd, names))
+    buf = np.empty((k, 32), dtype=np.int64)
+    base = buf.ctypes.data
+    # the names NUL-terminated in one buffer, passed by address (no bytes object per name)
+    joined = ("\0".join(names) + "\0").encode("utf-8", "surrogateescape")
+    chars = np.fromiter(map(len, names), np.int64, k)
+    if len(joined) == int(chars.sum()) + k:  # one byte per character
+        starts = np.zeros(k, dtype=np.int64)
+        np.cumsum(chars[:-1] + 1, out=starts[1:])
+        arg = (starts + np.frombuffer(joined, dtype=np.uint8).ctypes.data).tolist()
+    else:
+        arg = [n.encode("utf-8", "surrogateescape") for n in names]
+    rcs = list(map(_STATX, repeat(fd, k), arg, repeat(0, k), repeat(_STATX_BASIC, k),
+                   range(base, base + 256 * k, 256)))
+    if any(rcs) or not bool(((buf[:, 0] & _STATX_NEEDED) == _STATX_NEEDED).all()) \
+            or not bool((buf[:, 4:6] >= 0).all()):
+        return None
+    return (buf[:, 5].copy(), buf[:, 14] * 1_000_000_000 + (buf[:, 15] & _LOW),
+            buf[:, 12] * 1_000_000_000 + (buf[:, 13] & _LOW), buf[:, 4].copy())
 
 
 def _columns(stats: list[os.stat_result | None]) -> tuple[np.ndarray, ...]:
