@@ -5,7 +5,8 @@ With ``--throttle-mbps M`` the profile process (and its loader workers, which in
 in a blkio cgroup (v1) whose ``blkio.throttle.read_bps_device`` caps reads from the disk that
 holds the dataset at M MiB/s (bench/cgroup.py, as bench/minio_vs_pagecache.py does): a
 fetch-bound case. Without it, a prep-bound case on this CPU-only machine. Writes OUT.json and
-OUT.png from the profiler and OUT.md (command, the profiler's table, the validation lines).
+OUT.png from the profiler and OUT.md (command, the profiler's table, the validation lines);
+both text files name paths as bench/report.py's `portable` does (no machine path is committed).
 
     flock /tmp/coordl-bench.lock .venv/bin/python bench/profile_validate.py \\
         --data /work/bench-data/prof --throttle-mbps 20 --out bench/results/profile-throttled
@@ -21,6 +22,7 @@ import subprocess
 import sys
 
 import cgroup
+import report
 
 MiB = 2**20
 
@@ -37,8 +39,16 @@ def main() -> None:
     cmd = [coordl, "profile", "--data", os.path.abspath(args.data), "--validate",
            "--json", args.out + ".json", "--plot", args.out + ".png", *extra]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    bench_cmd = ("flock /tmp/coordl-bench.lock .venv/bin/python bench/profile_validate.py "
-                 + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    # the result files name the data, the output and the executables portably ($BENCH_DATA, ...)
+    subs = {os.path.abspath(args.out): report.portable(args.out, "$OUT_DIR"), coordl: report.portable(coordl),
+            os.path.abspath(args.data): report.portable(args.data)}
+
+    def portable(text: str) -> str:
+        for path in sorted(subs, key=len, reverse=True):
+            text = text.replace(path, subs[path])
+        return text
+
+    bench_cmd = "flock $LOCK " + report.command()
     if args.throttle_mbps > 0:
         why = cgroup.why_not("blkio", "blkio.throttle.read_bps_device")
         if why:
@@ -55,15 +65,23 @@ def main() -> None:
     if proc.returncode != 0:
         raise SystemExit(f"bench: coordl profile failed (exit {proc.returncode})")
     with open(args.out + ".json") as f:
-        result = json.load(f)
+        text = portable(f.read())
+    with open(args.out + ".json", "w") as f:
+        f.write(text)
+    result = json.loads(text)
     with open(args.out + ".md", "w") as f:
-        f.write(f"# coordl profile --validate, {where}\n\nCommand:\n\n    {bench_cmd}\n\n"
-                f"which runs\n\n    {' '.join(shlex.quote(c) for c in cmd)}\n\n```\n{proc.stdout}```\n\n")
+        f.write(f"# coordl profile --validate, {where}\n\nCommand ($LOCK: the bench lock file):\n\n"
+                f"    {bench_cmd}\n\nwhich runs\n\n    {portable(' '.join(shlex.quote(c) for c in cmd))}\n\n"
+                f"```\n{portable(proc.stdout)}```\n\n")
         f.write("| validated config | predicted samples/s | measured samples/s | error |\n|---|---|---|---|\n")
         for v in result["validation"]:
             c = v["config"]
             f.write(f"| {c['cache_fraction']:.0%} cached, {c['workers']} workers | {v['predicted']:.1f} "
                     f"| {v['measured']:.1f} | {v['error_pct']:+.1f}% |\n")
+    with open(args.out + ".md") as f:
+        bad = sorted(set(report.leaks(text + f.read())))
+    if bad:
+        print(f"bench: warning: {args.out}.json/.md still name this machine ({', '.join(bad)})", file=sys.stderr)
     print(f"bench: wrote {args.out}.json, .png and .md")
 
 
