@@ -37,6 +37,4 @@ fi
 # Plain Pillow beside pillow-simd, in a side folder that only bench/loaders.py
 # puts first on sys.path (its torch + plain Pillow baseline); nothing else sees it.
 [ -d "$VENV/plain-pillow/PIL" ] || $PIP install -q --target "$VENV/plain-pillow" Pillow
-$VENV/bin/python -c 'from coordl.pipelines import roi; print("[install] ROI JPEG decoder (pipelines/_jpegroi.c):",
-  "built" if roi.AVAILABLE else "NOT built (needs cc, Python.h, jpeglib.h): JPEGs decode with Pillow only")'
 $VENV/bin/coordl info

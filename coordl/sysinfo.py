@@ -31,6 +31,7 @@ def collect() -> dict[str, str]:
         "pillow": pillow_build(),
         "cpus": f"{len(os.sched_getaffinity(0))} usable of {os.cpu_count()}",
         "shm": _shm_free(),
+        "c extensions": _extensions(),
     }
     try:
         import nvidia.dali as dali
@@ -45,6 +46,17 @@ def collect() -> dict[str, str]:
     except ImportError:
         facts["redis-py"] = "not installed (pip install 'coordl[redis]')"
     return facts
+
+
+def _extensions() -> str:
+    """The optional C extensions setup.py builds, and what runs where one is missing."""
+    from coordl import manifest_scan
+    from coordl.pipelines import roi
+
+    parts = ["ROI JPEG decoder " + ("built" if roi.AVAILABLE else "NOT built (JPEGs decode with Pillow only)"),
+             "scan stat " + ("built" if manifest_scan._statnames is not None else "NOT built (statx via ctypes)")]
+    missing = not roi.AVAILABLE or manifest_scan._statnames is None
+    return ", ".join(parts) + (": run install.sh (needs cc, Python.h, jpeglib.h)" if missing else "")
 
 
 def _shm_free() -> str:

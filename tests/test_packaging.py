@@ -1,6 +1,7 @@
 """The three top-level folders install as one package, `coordl`."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -26,3 +27,5 @@ def test_console_script_reports_pillow_build():
     assert os.access(exe, os.X_OK), f"no coordl console script beside {sys.executable}"
     out = subprocess.run([exe, "info", "--json"], capture_output=True, text=True, check=True).stdout
     assert '"pillow"' in out and coordl.__version__ in out
+    # install.sh builds both optional C extensions (setup.py); info says so
+    assert json.loads(out)["c extensions"] == "ROI JPEG decoder built, scan stat built"
