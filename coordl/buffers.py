@@ -51,6 +51,7 @@ import threading
 import numpy as np
 import torch
 
+from .cache import shm
 from .errors import ConfigError
 
 FREE, LENT, RETIRED = 0, 1, 2
@@ -146,7 +147,8 @@ class Lender:
         # buffer address -> (the one storage handle this process keeps, its flag byte, worker pid)
         self._mapped: dict[int, tuple[torch.UntypedStorage, ctypes.c_uint8, int]] = {}
         self._lent: set[int] = set()
-        self._pids: set[int] = set()
+        # worker pid -> its start time when first seen (a pid the kernel reused is not that worker)
+        self._pids: dict[int, int | None] = {}
 
     def __len__(self) -> int:
         return len(self._mapped)
@@ -166,7 +168,7 @@ class Lender:
                 pid = int.from_bytes(ctypes.string_at(at + 8, 8), "little", signed=True)
                 self._mapped[key] = (storage, ctypes.c_uint8.from_address(at), pid)
                 if pid not in self._pids:
-                    self._pids.add(pid)
+                    self._pids[pid] = shm.proc_start(pid)
                     self._sweep()
             del storage  # exactly one handle of ours, so that use_count == 1 means "unused"
             self._lent.add(key)
@@ -184,14 +186,15 @@ class Lender:
 
     def _sweep(self) -> None:
         """Drop the handles of buffers whose worker is gone and that nothing here uses."""
-        dead = {pid for pid in self._pids if not _alive(pid)}
+        dead = {pid for pid, start in self._pids.items() if not _alive(pid, start)}
         if not dead:
             return
         for key, (storage, _flag, pid) in list(self._mapped.items()):
             if pid in dead and use_count(storage) == 1:
                 self._lent.discard(key)
                 del self._mapped[key]
-        self._pids = (self._pids - dead) | {pid for _s, _f, pid in self._mapped.values()}
+        held = {pid for _s, _f, pid in self._mapped.values()}  # a dead worker's buffers still in use
+        self._pids = {pid: start for pid, start in self._pids.items() if pid not in dead or pid in held}
 
     def sweep(self) -> None:
         with self._lock:
@@ -199,7 +202,11 @@ class Lender:
             self._sweep()
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, start: int | None) -> bool:
+    """Is the worker that was `pid` (started at `start`, when /proc told) still running? A zombie
+    or a reused pid is not."""
+    if start is not None:
+        return shm.alive(pid, start)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -9,6 +9,7 @@ cannot reuse any buffer.
 """
 
 import gc
+import os
 import shutil
 
 import pytest
@@ -165,3 +166,29 @@ def test_a_batch_that_raises_gives_its_buffer_back(tmp_path, tiny_root):
         # when an assertion above failed
         del it, loader
         gc.collect()
+
+
+def test_the_lender_drops_a_dead_workers_buffer_even_if_its_pid_was_reused():
+    # A worker buffer made here (its trailer names this process), handed to a fresh Lender as a
+    # batch arriving from a worker would be. The Lender records the pid's start time on first
+    # sight: a pid now running with another start time (the kernel reused it) is not that worker.
+    from coordl import buffers
+
+    def arrive(lender):
+        buf, reusable, _ = buffers.WorkerBuffers(slots=1).acquire(1024)
+        assert reusable
+        lender.arrived(torch.empty(0, dtype=torch.uint8).set_(buf, 0, (1024,)))
+        return len(lender)
+
+    alive = buffers.Lender()
+    assert arrive(alive) == 1
+    alive.sweep()
+    assert len(alive) == 1  # this process is alive with the start time recorded: kept
+
+    reused = buffers.Lender()
+    assert arrive(reused) == 1
+    (pid, start), = reused._pids.items()
+    assert start is not None and pid == os.getpid()
+    reused._pids[pid] = start - 1  # what a worker that died, and whose pid was reused, leaves
+    reused.sweep()
+    assert len(reused) == 0 and reused._pids == {}
