@@ -438,8 +438,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._coordinator is not None:
             self._coordinator.load_state_dict(state)
             return
-        epoch, batches, rng = resume.check_state(state, self._identity())
         length = None if isinstance(self.dataset, IterableDataset) else len(self)
+        epoch, batches, rng = resume.check_state(state, self._identity(), length)
         if length is not None and batches >= length:
             epoch, batches, rng = epoch + 1, 0, None
         self._next_epoch, self._skip = epoch, batches

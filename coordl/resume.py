@@ -40,24 +40,80 @@ def make_state(identity: dict, epoch: int, batches: int, sampler: dict | None) -
             "identity": dict(identity), "sampler": sampler}
 
 
-def check_state(state: Any, identity: dict) -> tuple[int, int, dict | None]:
-    """(epoch, batches received, sampler state) of `state`, or ConfigError naming what differs."""
-    if not isinstance(state, dict) or "version" not in state:
-        raise ConfigError(f"load_state_dict: {type(state).__name__} is not a coordl.DataLoader state: "
-                          "pass what loader.state_dict() returned (a dict, e.g. loaded from JSON)")
-    if state["version"] != VERSION:
-        raise ConfigError(f"load_state_dict: state version {state['version']!r} is not known to this "
-                          f"coordl (it reads version {VERSION}): resume with the coordl that saved it")
-    saved = state.get("identity", {})
-    diffs = [f"{k}: saved {saved.get(k)!r}, this loader {v!r}" for k, v in identity.items() if saved.get(k) != v]
+_FIX = "pass what loader.state_dict() returned, unchanged (JSON round trips are fine)"
+_SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
+_GENERATOR_STATE_BYTES = 5056       # torch's CPU generator state (torch.Generator().get_state())
+
+
+def _int(field: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
+    """`value` if it is an int (not a bool) in [low, high], else ConfigError naming the field."""
+    top = "" if high is None else f" and <= {high}{why}"
+    if type(value) is not int or value < low or (high is not None and value > high):
+        raise ConfigError(f"load_state_dict: {field}={value!r} ({type(value).__name__}) must be an "
+                          f"int >= {low}{top}: {_FIX}")
+    return value
+
+
+def _same(saved: Any, value: Any) -> bool:
+    """Equal and of the same JSON type (True is not 1, 1.0 is not 1)."""
+    return type(saved) is type(value) and saved == value
+
+
+def _check_identity(saved: Any, identity: dict) -> None:
+    if not isinstance(saved, dict):
+        raise ConfigError(f"load_state_dict: identity={saved!r} ({type(saved).__name__}) must "
+                          f"be a dict with the keys {sorted(identity)}: {_FIX}")
+    diffs = [f"{k}: saved {saved.get(k, '<missing>')!r}, this loader {v!r}"
+             for k, v in identity.items() if not _same(saved.get(k), v)]
     if diffs:
         raise ConfigError("load_state_dict: the state comes from a loader that yields other batches ("
                           + "; ".join(diffs) + "): build the loader as the saved one was built, "
                           "or start the epoch afresh without load_state_dict")
-    epoch, batches = state.get("epoch"), state.get("batches")
-    if not (isinstance(epoch, int) and epoch >= 0 and isinstance(batches, int) and batches >= 0):
-        raise ConfigError(f"load_state_dict: epoch={epoch!r} and batches={batches!r} must be ints >= 0")
-    return epoch, batches, state.get("sampler")
+
+
+def _check_sampler(saved: Any) -> dict | None:
+    """None, {"seed": int} or {"generator_state": base64 of a torch CPU generator's state}."""
+    if saved is None:
+        return None
+    if isinstance(saved, dict) and set(saved) == {"seed"}:
+        _int("sampler['seed']", saved["seed"], *_SEED_RANGE)
+        return saved
+    if isinstance(saved, dict) and set(saved) == {"generator_state"}:
+        raw = saved["generator_state"]
+        try:
+            size = len(base64.b64decode(raw, validate=True)) if isinstance(raw, str) else -1
+        except ValueError:
+            size = -1
+        if size != _GENERATOR_STATE_BYTES:
+            raise ConfigError(f"load_state_dict: sampler['generator_state']={str(raw)[:40]!r} "
+                              f"must be base64 of a {_GENERATOR_STATE_BYTES}-byte torch generator "
+                              f"state: {_FIX}")
+        return saved
+    raise ConfigError(f"load_state_dict: sampler={str(saved)[:80]!r} must be null, "
+                      f"{{'seed': int}} or {{'generator_state': base64 str}}: {_FIX}")
+
+
+def check_state(state: Any, identity: dict,
+                batches_per_epoch: int | None = None) -> tuple[int, int, dict | None]:
+    """(epoch, batches received, sampler state) of `state`, or ConfigError naming the field.
+
+    Every field is checked for its type and range (a bool is not an int here), `batches`
+    against `batches_per_epoch` when the loader knows it (the epoch's last batch received
+    is legal: the next epoch follows), and the identity against this loader's."""
+    if not isinstance(state, dict) or "version" not in state:
+        raise ConfigError(f"load_state_dict: {type(state).__name__} is not a coordl.DataLoader state: "
+                          "pass what loader.state_dict() returned (a dict, e.g. loaded from JSON)")
+    if not _same(state["version"], VERSION):
+        raise ConfigError(f"load_state_dict: state version {state['version']!r} is not known to this "
+                          f"coordl (it reads version {VERSION}): resume with the coordl that saved it")
+    missing = [k for k in ("epoch", "batches", "identity") if k not in state]
+    if missing:
+        raise ConfigError(f"load_state_dict: the state has no {', '.join(map(repr, missing))}: {_FIX}")
+    _check_identity(state["identity"], identity)
+    epoch = _int("epoch", state["epoch"], 0)
+    batches = _int("batches", state["batches"], 0, batches_per_epoch,
+                   " (the batches per epoch of this loader)")
+    return epoch, batches, _check_sampler(state.get("sampler"))
 
 
 class SamplerRNG:

@@ -155,3 +155,70 @@ def test_an_iterable_dataset_is_replayed_to_its_position():
     it = iter(again)
     assert [b.tolist() for b in it] == [[10, 11, 12, 13, 14], [15, 16, 17, 18, 19], [20, 21, 22]]
     assert again.state_dict()["batches"] == 0 and again.state_dict()["epoch"] == 1
+
+
+def _tensor_state(**fields):
+    """A valid state of a 10-batch TensorDataset loader (torch's RandomSampler), with `fields` replaced."""
+    torch.manual_seed(0)
+    loader = build({"tensor": True, "batch_size": 4})
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    for key, value in fields.items():
+        if value is _DROP:
+            del state[key]
+        else:
+            state[key] = value
+    return loader, state
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"batches": 10**9}, r"batches=1000000000 \(int\) must be an int >= 0 and <= 10 "
+                         r"\(the batches per epoch"),
+    ({"batches": 11}, r"batches=11 .*<= 10"),
+    ({"batches": -1}, r"batches=-1 \(int\) must be an int >= 0"),
+    ({"batches": True}, r"batches=True \(bool\)"),
+    ({"batches": 1.0}, r"batches=1.0 \(float\)"),
+    ({"batches": "1"}, r"batches='1' \(str\)"),
+    ({"batches": _DROP}, r"the state has no 'batches'"),
+    ({"epoch": True}, r"epoch=True \(bool\)"),
+    ({"epoch": -2}, r"epoch=-2"),
+    ({"epoch": None}, r"epoch=None \(NoneType\)"),
+    ({"version": True}, r"state version True is not known"),
+    ({"version": 1.0}, r"state version 1.0 is not known"),
+    ({"identity": []}, r"identity=\[\] \(list\) must be a dict with the keys"),
+    ({"identity": None}, r"identity=None \(NoneType\)"),
+    ({"identity": _DROP}, r"the state has no 'identity'"),
+    ({"sampler": "x"}, r"sampler='x' must be null"),
+    ({"sampler": {"seed": True}}, r"sampler\['seed'\]=True \(bool\)"),
+    ({"sampler": {"seed": 2**70}}, r"sampler\['seed'\]=1180591620717411303424 \(int\)"),
+    ({"sampler": {"seed": 1, "x": 2}}, r"must be null, \{'seed': int\}"),
+    ({"sampler": {"generator_state": "@@"}}, r"generator_state'\]='@@' must be base64 of a 5056-byte"),
+    ({"sampler": {"generator_state": "AAAA"}}, r"must be base64 of a 5056-byte"),
+])
+def test_every_field_of_a_hostile_state_is_refused_by_name(fields, match):
+    loader, state = _tensor_state(**fields)
+    assert len(loader) == 10
+    with pytest.raises(coordl.ConfigError, match=match):
+        loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize("key,value", [("drop_last", 0), ("batch_size", 4.0), ("batch_size", True),
+                                       ("items", "37")])
+def test_an_identity_value_of_another_type_is_another_loader(key, value):
+    loader, state = _tensor_state()
+    state["identity"][key] = value
+    with pytest.raises(coordl.ConfigError, match=f"{key}: saved {value!r}, this loader"):
+        loader.load_state_dict(state)
+
+
+def test_the_last_batch_of_an_epoch_is_a_legal_state_for_the_next_epoch():
+    _, state = _tensor_state(batches=10)
+    loader = build({"tensor": True, "batch_size": 4})   # a fresh loader, as in a fresh process
+    loader.load_state_dict(state)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (1, 0)
+    assert len(list(loader)) == 10
