@@ -100,10 +100,10 @@ def scan(
         lock = store.locked(path)
         lock.__enter__()
     except OSError as e:
-        store.warn(path, e)
+        store.warn(path, e, manifest_cache)
         return _build(root, exts, is_valid_file, extensions, allow_empty, None)[0]
     try:
-        header = store.read_header(path)
+        header, damage = store.load_header(path)
         if header is not None and header.get("root") != root:
             header = None
         arrays = None
@@ -120,11 +120,14 @@ def scan(
                 local = store.read_arrays(path, header, only_local=True)
                 arrays = None if local is None else {**arrays, **local}
             previous = None if arrays is None else (header, arrays)
+            damage = "" if arrays is not None else "an array fails its checksum"
+        if damage:
+            store.warn_damaged(path, damage)
         m, record = _build(root, exts, is_valid_file, extensions, allow_empty, previous)
         try:
             store.save(path, *record)
         except OSError as e:
-            store.warn(path, e)
+            store.warn(path, e, manifest_cache)
         return m
     finally:
         lock.__exit__(None, None, None)

@@ -9,7 +9,11 @@ between runs, so a dataset built with one is always scanned.
 
 "Unchanged", checked at every start before the file's arrays are read:
 
-1. the file is whole: its magic, format and per-array xxh3 checksums match;
+1. the file is whole: its magic and format match, and xxh3 checksums cover
+   the header (the JSON: classes, folders, sample, fingerprint) and each
+   array. A file with coordl's magic that fails a checksum or its recorded
+   size is *damaged*: it is not loaded, one `ManifestCacheWarning` says so,
+   and the rescan rewrites it;
 2. the root and every folder the scan listed (class folders, their
    sub-folders, folders reached through symlinks) have the (st_mtime_ns,
    st_ctime_ns, st_ino, st_dev) they had *before* the scan listed them:
@@ -42,7 +46,12 @@ of the same moment wait and then load its result (the lock dies with its
 process); the file is written under a temporary name in the same folder and
 renamed over the old one, so a reader sees the old file or the new one, never
 a torn one. A folder coordl cannot create or write means a scan and one
-`ManifestCacheWarning`, never an error.
+`ManifestCacheWarning` naming where the folder came from (the argument, the
+variable or the default) and what to set, never an error.
+
+Layout: MAGIC (8 bytes), the header's length (8, little-endian), the xxh3_64
+of the header (8), the header (ASCII JSON), zero padding to `body`, the
+arrays (each 8-byte aligned, at `body` + its offset).
 """
 
 from __future__ import annotations
@@ -63,7 +72,8 @@ import xxhash
 from .manifest_identity import FORMAT
 from .manifest_threads import spread_map
 
-MAGIC = b"COORDLM2"
+MAGIC = b"COORDLM3"  # M3: the header under a checksum (M2 files are rescanned)
+PREFIX = 24          # MAGIC, header length, header xxh3_64
 RACY_NS = 2_000_000_000
 ENV = "COORDL_MANIFEST_CACHE"
 LOCAL_ARRAYS = ("ctimes", "inodes")  # read only when a rescan compares against the old scan
@@ -89,10 +99,29 @@ def entry_path(folder: str, root: str, params: dict) -> str:
     return os.path.join(folder, hashlib.sha256(key).hexdigest()[:32] + ".manifest")
 
 
-def warn(path: str, e: OSError) -> None:
+def origin(manifest_cache: str | os.PathLike | None) -> str:
+    """Where the manifest folder came from, and what to set to move it (for warnings)."""
+    if manifest_cache is not None:
+        return (f"the folder comes from ImageFolder(manifest_cache={os.fspath(manifest_cache)!r}): pass "
+                "manifest_cache=<a writable folder>, or manifest_cache='off' to turn persisting off")
+    if os.environ.get(ENV):
+        return (f"the folder comes from {ENV}={os.environ[ENV]!r}: set {ENV} to a writable folder "
+                f"(or {ENV}=off), or pass ImageFolder(manifest_cache=<a writable folder>)")
+    return (f"the folder is the default ($XDG_CACHE_HOME or ~/.cache, then coordl/manifests): set "
+            f"{ENV}=<a writable folder> (every command, e.g. coordl serve, reads it) or pass "
+            f"ImageFolder(manifest_cache=<a writable folder>); {ENV}=off or manifest_cache='off' "
+            "turns persisting off")
+
+
+def warn(path: str, e: OSError, manifest_cache: str | os.PathLike | None = None) -> None:
     warnings.warn(f"persisted manifest {path!r} cannot be used ({e}): the dataset is scanned at every "
-                  "start; pass manifest_cache=<a writable folder> (or set COORDL_MANIFEST_CACHE), or "
-                  "manifest_cache='off' to silence this", ManifestCacheWarning, stacklevel=4)
+                  f"start; {origin(manifest_cache)}", ManifestCacheWarning, stacklevel=4)
+
+
+def warn_damaged(path: str, reason: str) -> None:
+    warnings.warn(f"persisted manifest {path!r} is damaged ({reason}): it was not loaded; the dataset "
+                  "was rescanned and the file rewritten. If this repeats, check the disk that holds "
+                  "it, or pass manifest_cache='off'", ManifestCacheWarning, stacklevel=4)
 
 
 @contextlib.contextmanager
@@ -108,21 +137,36 @@ def locked(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-def read_header(path: str) -> dict | None:
-    """The header of a persisted manifest, or None if missing, foreign or torn."""
+def load_header(path: str) -> tuple[dict | None, str]:
+    """(the header of a persisted manifest, "") or (None, why it is damaged); (None, "") if the
+    file is missing, unreadable or foreign (another magic or format: rescanned in silence)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(16)
-            if len(head) != 16 or head[:8] != MAGIC:
-                return None
-            n = int.from_bytes(head[8:], "little")
-            header = json.loads(f.read(n))
+            head = f.read(PREFIX)
+            if len(head) < 8 or head[:8] != MAGIC:
+                return None, ""
+            n = int.from_bytes(head[8:16], "little")
+            text = f.read(n) if len(head) == PREFIX and n <= os.fstat(f.fileno()).st_size else b""
             size = os.fstat(f.fileno()).st_size
-    except (OSError, ValueError):
-        return None
-    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("total") != size:
-        return None
-    return header
+    except OSError:
+        return None, ""
+    if len(text) != n or len(head) != PREFIX or xxhash.xxh3_64_intdigest(text) != int.from_bytes(
+            head[16:24], "little"):
+        return None, "its header fails its checksum"
+    try:
+        header = json.loads(text)
+    except ValueError:
+        return None, "its header is not JSON"
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        return None, ""
+    if header.get("total") != size:
+        return None, f"{size} bytes where its header records {header.get('total')!r}"
+    return header, ""
+
+
+def read_header(path: str) -> dict | None:
+    """The header of a persisted manifest, or None if missing, foreign, torn or damaged."""
+    return load_header(path)[0]
 
 
 def read_arrays(path: str, header: dict, local: bool = False,
@@ -204,19 +248,20 @@ def save(path: str, header: dict, arrays: dict[str, np.ndarray]) -> None:
         chunks += [data, b"\0" * pad]
         off += len(data) + pad
     header = {**header, "format": FORMAT, "arrays": table}
-    body = 16 + len(json.dumps(header, ensure_ascii=True)) + 64
+    body = PREFIX + len(json.dumps(header, ensure_ascii=True)) + 64
     body += -body % 8
     while True:  # the header holds the body's offset and the file's size: grow until they fit
         header["body"], header["total"] = body, body + off
         text = json.dumps(header, ensure_ascii=True).encode()
-        if 16 + len(text) <= body:
+        if PREFIX + len(text) <= body:
             break
         body += 8
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + len(text).to_bytes(8, "little") + text)
-            f.write(b"\0" * (body - 16 - len(text)))
+            f.write(MAGIC + len(text).to_bytes(8, "little")
+                    + xxhash.xxh3_64_intdigest(text).to_bytes(8, "little") + text)
+            f.write(b"\0" * (body - PREFIX - len(text)))
             for c in chunks:
                 f.write(c)
         os.replace(tmp, path)

@@ -276,33 +276,91 @@ def test_a_fresh_tree_is_rescanned_until_its_folders_settle(tmp_path, store, cou
     assert counted() == {"walks": 3, "loads": 1}
 
 
-def test_a_torn_or_foreign_manifest_file_is_rescanned(tmp_path, store, counted):
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def _only_file(store: str) -> str:
+    (path,) = [os.path.join(store, n) for n in os.listdir(store) if n.endswith(".manifest")]
+    return path
+
+
+def test_a_torn_or_damaged_manifest_file_is_rescanned_with_a_warning(tmp_path, store, counted):
     root = _tree(str(tmp_path / "d"), seed=11)
     first = manifest.scan(root, manifest_cache=store)
-    (path,) = [os.path.join(store, n) for n in os.listdir(store) if n.endswith(".manifest")]
+    path = _only_file(store)
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.truncate(size - 3)
-    assert _same(manifest.scan(root, manifest_cache=store), first)
-    with open(path, "r+b") as f:                            # one flipped byte in the sizes array
-        header = manifest_store.read_header(path)
-        f.seek(header["body"] + header["arrays"]["sizes"][0] + 5)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0x10]))
-    assert _same(manifest.scan(root, manifest_cache=store), first)
+    with pytest.warns(manifest_store.ManifestCacheWarning, match=f"{size - 3} bytes where its header records"):
+        assert _same(manifest.scan(root, manifest_cache=store), first)
+    header = manifest_store.read_header(path)               # one flipped byte in the sizes array
+    _flip(path, header["body"] + header["arrays"]["sizes"][0] + 5)
+    with pytest.warns(manifest_store.ManifestCacheWarning, match="damaged .an array fails its checksum"):
+        assert _same(manifest.scan(root, manifest_cache=store), first)
     assert counted() == {"walks": 3, "loads": 0}
+
+
+@pytest.mark.parametrize("target", [b'"class_1"', b'"fingerprint"', b'"dirs"'])
+def test_a_flipped_byte_in_the_header_is_rescanned_with_a_warning_not_loaded(tmp_path, store, counted,
+                                                                             target):
+    root = _tree(str(tmp_path / "d"), seed=15)
+    first = manifest.scan(root, manifest_cache=store)
+    path = _only_file(store)
+    with open(path, "rb") as f:
+        at = f.read().index(target) + 2                     # "class_1" -> "clbss_1" (still valid JSON)
+    _flip(path, at)
+    with pytest.warns(manifest_store.ManifestCacheWarning, match="damaged .its header fails its checksum"):
+        again = manifest.scan(root, manifest_cache=store)
+    assert _same(again, first) and again.classes == ("class_0", "class_1", "class_2")
+    assert counted() == {"walks": 2, "loads": 0}
+    assert _same(manifest.scan(root, manifest_cache=store), first)   # rewritten: loaded again
+    assert counted() == {"walks": 2, "loads": 1}
+
+
+def test_a_manifest_of_another_format_is_rescanned_in_silence(tmp_path, store, counted, recwarn):
+    root = _tree(str(tmp_path / "d"), seed=16)
+    first = manifest.scan(root, manifest_cache=store)
+    path = _only_file(store)
+    with open(path, "r+b") as f:
+        f.write(b"COORDLM2")                                # the format before the header checksum
+    assert _same(manifest.scan(root, manifest_cache=store), first)
+    assert counted() == {"walks": 2, "loads": 0}
+    assert not [w for w in recwarn if issubclass(w.category, manifest_store.ManifestCacheWarning)]
 
 
 def test_an_unwritable_manifest_folder_means_a_scan_and_a_warning(tmp_path, counted):
     root = _tree(str(tmp_path / "d"), seed=12)
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
+    where = str(blocker / "manifests")
     for _ in range(2):
-        with pytest.warns(manifest_store.ManifestCacheWarning, match="cannot be used.*manifest_cache="):
-            ds = coordl.ImageFolder(str(root), manifest_cache=str(blocker / "manifests"))
+        with pytest.warns(manifest_store.ManifestCacheWarning,
+                          match=f"cannot be used.*ImageFolder.manifest_cache='{where}'.: pass "
+                                "manifest_cache=<a writable folder>, or manifest_cache='off'"):
+            ds = coordl.ImageFolder(str(root), manifest_cache=where)
         assert len(ds) == 15
     assert counted() == {"walks": 2, "loads": 0}
+
+
+def test_the_warning_names_the_variable_or_the_default_it_came_from(tmp_path, monkeypatch):
+    root = _tree(str(tmp_path / "d"), seed=17)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(manifest_store.ENV, str(blocker / "env"))
+    with pytest.warns(manifest_store.ManifestCacheWarning,
+                      match=f"from COORDL_MANIFEST_CACHE='{blocker}/env': set COORDL_MANIFEST_CACHE to "
+                            "a writable folder .or COORDL_MANIFEST_CACHE=off., or pass ImageFolder"):
+        coordl.ImageFolder(root)
+    monkeypatch.delenv(manifest_store.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with pytest.warns(manifest_store.ManifestCacheWarning,
+                      match="the folder is the default .*: set COORDL_MANIFEST_CACHE=<a writable folder>"):
+        coordl.ImageFolder(root)
 
 
 def test_the_environment_variable_and_off(tmp_path, monkeypatch, counted):
