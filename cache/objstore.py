@@ -1,0 +1,415 @@
+"""Reading item bytes from object storage: any fsspec URL (s3:// through s3fs; gs://, az:// with
+gcsfs, adlfs installed; file://, memory:// too).
+
+    store = ObjectStore.from_url("s3://bucket/train", storage_options={"endpoint_url": ...})
+    store.list_classes()            # ['class_a', 'class_b'], sorted
+    store.list_tree()               # [ObjectInfo(key, size, etag), ...] under every class, listed in parallel
+    store.read_many(keys)           # [bytes, ...]: concurrent GETs, at most max_in_flight at once
+    store.stats()                   # {'requests', 'gets', 'lists', 'retries', 'bytes', 'objects'}
+
+Every request has a timeout and is retried with exponential back-off and jitter on throttling
+(S3's 503 SlowDown), 5xx, connection errors and timeouts; after the retries a `SampleError` names
+the object's URL. Listings come in the order a local copy's walk gives (`walk_order_key`).
+Credentials never appear in a message or a repr (`Redactor`). The policy (retry, back-off,
+classification, redaction) is pure and lives in `objstore_policy.py`; this module is the I/O shell.
+
+NOTE (lifecycle, threads and fork). Each ObjectStore owns, per process, one event-loop thread
+(async filesystems run there, built with `asynchronous=True` on that loop and never taken from
+fsspec's instance cache) and, for synchronous filesystems, a thread pool. Both are made on first
+use in a process, so construction in the parent and use in a DataLoader worker both work:
+- fork: the child finds `_pid` changed and builds its own loop thread, filesystem and pool; the
+  parent's objects are parked in `_INHERITED` for the child's lifetime and never closed or
+  collected there, because closing them would act on the parent's sockets and epoll instance
+  (shared across fork) and stall the parent. Counters restart at zero in the child (they count
+  this process's requests). Forked workers leave through os._exit, so nothing runs at exit.
+- spawn/forkserver: the object pickles as (url, storage_options, config) and rebuilds lazily.
+- close() (or garbage collection, in the owning process only) closes the session, stops the loop
+  and joins its thread; a later call starts them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+from coordl.errors import ConfigError, DatasetError, SampleError
+
+from .objstore_policy import Redactor, StoreConfig, backoff, classify, walk_order_key
+
+#: Per-process objects a forked child inherited from its parent: kept, never closed (see NOTE).
+_INHERITED: list = []
+_lock = threading.Lock()
+
+
+def _reinit_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another parent thread may have held it at fork time
+
+
+os.register_at_fork(after_in_child=_reinit_lock_in_child)
+
+#: Protocols whose first path component is a bucket (container): a missing root is told apart
+#: as "no such bucket" vs "no such prefix".
+_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"})
+_COUNTERS = ("gets", "lists", "retries", "bytes", "objects")
+
+
+class ObjectInfo(NamedTuple):
+    """One object: its key relative to the store's root, its size in bytes, its ETag (None if the
+    store has none)."""
+
+    key: str
+    size: int
+    etag: str | None
+
+
+class _Runtime:
+    """The per-process half: an event loop on a daemon thread, the filesystem, a thread pool."""
+
+    def __init__(self, make_fs, max_in_flight: int) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="coordl-objstore", daemon=True)
+        self.thread.start()
+        self.fs = make_fs(self.loop)
+        self.pool = None if self.fs.async_impl else ThreadPoolExecutor(max_in_flight, "coordl-objstore")
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        """Close the session, stop the loop, join the thread. Only in the process that made it."""
+        if self.pid != os.getpid():
+            _INHERITED.append(self)  # a forked child collecting the parent's: park it, never close (NOTE)
+            return
+        if self.loop.is_closed():
+            return
+        if self.thread.is_alive():
+            fut = asyncio.run_coroutine_threadsafe(_close_session(self.fs), self.loop)
+            try:
+                fut.result(timeout=5)
+            except Exception:  # noqa: BLE001 (best effort: a dead store must not block close)
+                fut.cancel()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _close_session(fs) -> None:
+    creator = getattr(fs, "_s3creator", None)  # s3fs (aiobotocore client context)
+    if creator is not None:
+        await creator.__aexit__(None, None, None)
+    session = getattr(fs, "_session", None)  # gcsfs, fsspec http (aiohttp session)
+    close = getattr(session, "close", None)
+    if close is not None:
+        result = close()
+        if asyncio.iscoroutine(result):
+            await result
+
+
+class ObjectStore:
+    """Objects under one URL prefix, read concurrently with retries. See the module docstring."""
+
+    def __init__(self, url: str, storage_options: dict | None = None, config: StoreConfig | None = None,
+                 check: bool = True) -> None:
+        import fsspec
+
+        if not isinstance(url, str) or not url:
+            raise ConfigError(f"ObjectStore url={url!r} is not a URL: pass e.g. 's3://bucket/prefix'")
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise ConfigError(f"storage_options must be a dict or None, not {type(storage_options).__name__}")
+        self._url, self._options = url.rstrip("/"), dict(storage_options or {})
+        self._config = config or StoreConfig()
+        self._redact = Redactor(self._options)
+        protocol, _ = fsspec.core.split_protocol(self._url)
+        self._protocol = protocol or "file"
+        try:
+            self._fs_cls = fsspec.get_filesystem_class(self._protocol)
+        except (ImportError, ValueError) as e:
+            raise ConfigError(f"{self.url}: no filesystem for {self._protocol}:// ({self._redact(str(e))}): "
+                              f"install it (s3: pip install coordl[s3]; gs: gcsfs; az: adlfs)") from None
+        self._root = self._fs_cls._strip_protocol(self._url).rstrip("/")
+        self._url_options = self._fs_cls._get_kwargs_from_urls(self._url)
+        self._rng = random.Random()
+        self._runtime: _Runtime | None = None
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        if check:
+            self._check_root()
+
+    @classmethod
+    def from_url(cls, url: str, storage_options: dict | None = None, *, max_in_flight: int = 32,
+                 timeout: float = 10.0, retries: int = 3, check: bool = True) -> ObjectStore:
+        """The store at `url`; with `check`, lists the root now and raises a coordl error naming the URL
+        and the fix for a missing bucket or prefix, bad credentials or an unreachable endpoint."""
+        config = StoreConfig(max_in_flight=max_in_flight, timeout=timeout, retries=retries)
+        return cls(url, storage_options, config, check=check)
+
+    # -- naming, without secrets --
+
+    @property
+    def url(self) -> str:
+        """The root URL, credentials removed."""
+        return self._redact(self._url)
+
+    @property
+    def config(self) -> StoreConfig:
+        return self._config
+
+    def url_of(self, key: str) -> str:
+        """The URL of the object `key` (relative to the root), credentials removed."""
+        return f"{self.url}/{key}"
+
+    def _endpoint(self) -> str:
+        opts = self._options
+        endpoint = (opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+                    or (os.environ.get("AWS_ENDPOINT_URL") if self._protocol in ("s3", "s3a") else None))
+        return self._redact(endpoint) if endpoint else "the default endpoint"
+
+    def __repr__(self) -> str:
+        c = self._config
+        return (f"ObjectStore({self.url!r}, endpoint={self._endpoint()!r}, max_in_flight={c.max_in_flight}, "
+                f"timeout={c.timeout}, retries={c.retries})")
+
+    # -- per-process runtime (fork guard) --
+
+    def _make_fs(self, loop):
+        opts: dict[str, Any] = {**self._url_options, "use_listings_cache": False}
+        c = self._config
+        if self._protocol in ("s3", "s3a"):
+            # one attempt per call in s3fs and botocore: retries, timeouts and their counts are ours
+            config_kwargs = {"max_pool_connections": c.max_in_flight, "connect_timeout": c.timeout,
+                             "read_timeout": c.timeout, "retries": {"total_max_attempts": 1, "mode": "standard"},
+                             **self._options.get("config_kwargs", {})}
+            opts.update(max_concurrency=1, config_kwargs=config_kwargs)
+        opts.update({k: v for k, v in self._options.items() if k != "config_kwargs"})
+        opts["skip_instance_cache"] = True
+        if self._fs_cls.async_impl:
+            opts.update(asynchronous=True, loop=loop)
+        fs = self._fs_cls(**opts)
+        if self._protocol in ("s3", "s3a"):
+            fs.retries = 1  # s3fs's own retry loop (a class attribute): one attempt
+        return fs
+
+    def _rt(self) -> _Runtime:
+        rt = self._runtime
+        if rt is not None and rt.pid == os.getpid():
+            return rt
+        with _lock:
+            rt = self._runtime
+            if rt is not None and rt.pid != os.getpid():  # forked: park the parent's, start afresh
+                _INHERITED.append(rt)
+                self._runtime = rt = None
+                self._counts = dict.fromkeys(_COUNTERS, 0)
+            if rt is None:
+                rt = self._runtime = _Runtime(self._make_fs, self._config.max_in_flight)
+                weakref.finalize(self, rt.close)
+            return rt
+
+    def close(self) -> None:
+        """Stop this process's loop thread and pool and close the session (a later call restarts them)."""
+        rt, self._runtime = self._runtime, None
+        if rt is not None:
+            rt.close()
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        return {"url": self._url, "storage_options": self._options, "config": self._config}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["url"], state["storage_options"], state["config"], check=False)
+
+    # -- counters --
+
+    def stats(self) -> dict[str, int]:
+        """This process's counts: requests (= gets + lists, retries included), gets (GET attempts),
+        lists (listing calls), retries, bytes (of objects read), objects (objects read)."""
+        counts = dict(self._counts)
+        return {"requests": counts["gets"] + counts["lists"], **counts}
+
+    # -- one request, with retries --
+
+    async def _call(self, rt: _Runtime, name: str, *args, **kwargs):
+        fs = rt.fs
+        if fs.async_impl:
+            return await getattr(fs, "_" + name)(*args, **kwargs)
+        return await rt.loop.run_in_executor(rt.pool, lambda: getattr(fs, name)(*args, **kwargs))
+
+    async def _attempts(self, rt: _Runtime, sem: asyncio.Semaphore, counter: str, name: str, path: str,
+                        **kwargs) -> tuple[Any, BaseException | None, int]:
+        """(result, None, attempts) or (None, the last error, attempts): `name` on `path`, retried as
+        the policy says. Errors are returned, not raised, so the caller raises its own outside any
+        `except` block (no chained exception carrying the backend's text)."""
+        c, err = self._config, None
+        for attempt in range(c.retries + 1):
+            async with sem:
+                self._counts[counter] += 1
+                try:
+                    return await asyncio.wait_for(self._call(rt, name, path, **kwargs), c.timeout), None, attempt + 1
+                except Exception as e:  # noqa: BLE001 (any backend's error; classified below)
+                    err = e
+            if classify(err) != "retry" or attempt == c.retries:
+                return None, err, attempt + 1
+            self._counts["retries"] += 1
+            await asyncio.sleep(backoff(c, attempt, self._rng))
+        return None, err, c.retries + 1
+
+    def _describe(self, err: BaseException) -> str:
+        text = str(err) or (f"no answer within timeout={self._config.timeout} s"
+                            if isinstance(err, TimeoutError) else "")
+        return f"{type(err).__name__}: {self._redact(text)[:300]}".rstrip(": ")
+
+    def _sample_error(self, key: str, err: BaseException, attempts: int) -> SampleError:
+        kind = classify(err)
+        fix = {
+            "missing": "the object was deleted or renamed after the dataset was listed: restore it, or list "
+                       "the dataset again (rescan=True)",
+            "denied": "the credentials may not read it: check storage_options key/secret or AWS_ACCESS_KEY_ID/"
+                      "AWS_SECRET_ACCESS_KEY and the bucket policy",
+            "retry": f"the store at {self._endpoint()} is throttling, failing or unreachable: check it is up, "
+                     f"or pass a larger timeout/retries or a smaller max_in_flight",
+        }.get(kind, "check the object and the store")
+        return SampleError(f"{self.url_of(key)}: GET failed after {attempts} attempt(s) ({self._describe(err)}): "
+                           f"{fix}")
+
+    # -- reading --
+
+    def read_many(self, keys: Sequence[str], return_errors: bool = False) -> list:
+        """The bytes of each object `keys[i]` (keys relative to the root), fetched concurrently with at
+        most `max_in_flight` requests at once. A failure after the retries raises SampleError naming
+        the object's URL (the other requests are cancelled); with `return_errors`, its slot holds the
+        SampleError instead and the others complete."""
+        keys = list(keys)
+        if not keys:
+            return []
+        rt = self._rt()
+        return rt.run(self._read_all(rt, keys, return_errors))
+
+    def read(self, key: str) -> bytes:
+        """The bytes of one object (one GET, with retries)."""
+        return self.read_many([key])[0]
+
+    async def _read_one(self, rt: _Runtime, sem: asyncio.Semaphore, key: str):
+        data, err, attempts = await self._attempts(rt, sem, "gets", "cat_file", f"{self._root}/{key}")
+        if err is not None:
+            return self._sample_error(key, err, attempts)
+        self._counts["bytes"] += len(data)
+        self._counts["objects"] += 1
+        return data
+
+    async def _read_all(self, rt: _Runtime, keys: list[str], return_errors: bool) -> list:
+        sem = asyncio.Semaphore(self._config.max_in_flight)
+        tasks = [asyncio.ensure_future(self._read_one(rt, sem, k)) for k in keys]
+        if return_errors:
+            return list(await asyncio.gather(*tasks))
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            failed = [t.result() for t in done if isinstance(t.result(), SampleError)]
+            if failed:
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                raise failed[0]
+        return [t.result() for t in tasks]
+
+    # -- listing --
+
+    def _list_error(self, path: str, err: BaseException, attempts: int) -> Exception:
+        where = f"{self._protocol}://{path}" if self._protocol != "file" else path
+        where = self._redact(where)
+        kind, what = classify(err), self._describe(err)
+        if kind == "denied" or type(err).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            return ConfigError(f"{where}: access denied ({what}): check the credentials: storage_options key/secret "
+                               "(or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY), and that they may list this bucket; "
+                               "for a public bucket pass storage_options={'anon': True}")
+        if kind == "missing":
+            return DatasetError(f"{where}: not found ({what}): check the URL; list it with your store's "
+                                "client (e.g. aws s3 ls) against the same endpoint")
+        return DatasetError(f"{where}: listing failed after {attempts} attempt(s) ({what}): check that "
+                            f"{self._endpoint()} is reachable (endpoint_url / AWS_ENDPOINT_URL) and up")
+
+    def _run_listing(self, name: str, path: str, **kwargs):
+        rt = self._rt()
+
+        async def go():
+            return await self._attempts(rt, asyncio.Semaphore(1), "lists", name, path, **kwargs)
+
+        result, err, attempts = rt.run(go())
+        if err is not None:
+            raise self._list_error(path, err, attempts)
+        return result
+
+    def _check_root(self) -> None:
+        """Raise at construction, naming the URL and the fix, when the root cannot be listed."""
+        rt = self._rt()
+
+        async def probe(path):
+            return await self._attempts(rt, asyncio.Semaphore(1), "lists", "ls", path, detail=False)
+
+        _, err, attempts = rt.run(probe(self._root))
+        if err is None:
+            return
+        bucket, _, prefix = self._root.partition("/")
+        if classify(err) == "missing" and self._protocol in _BUCKET_PROTOCOLS:
+            if prefix and rt.run(probe(bucket))[1] is None:
+                raise DatasetError(f"{self.url}: no objects under prefix {prefix!r} in bucket {bucket!r}: check "
+                                   f"the path (class folders are the first-level prefixes below it)")
+            raise DatasetError(f"{self.url}: bucket {bucket!r} does not exist at {self._endpoint()} (or these "
+                               "credentials may not see it): check the bucket name, endpoint_url and region")
+        raise self._list_error(self._root, err, attempts)
+
+    def list_classes(self) -> list[str]:
+        """The first-level prefixes under the root (the class folders), sorted."""
+        entries = self._run_listing("ls", self._root, detail=True)
+        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object under root/prefix (recursively), in walk order (`walk_order_key`)."""
+        path = f"{self._root}/{prefix.strip('/')}" if prefix.strip("/") else self._root
+        found = self._run_listing("find", path, detail=True)
+        return self._infos(found)
+
+    def list_tree(self, classes: Sequence[str] | None = None) -> list[ObjectInfo]:
+        """Every object under each class prefix (default: `list_classes()`), the prefixes listed
+        concurrently (max_in_flight at once), in walk order. Objects directly under the root are not
+        in any class and are left out, as a local ImageFolder leaves out files beside the class folders."""
+        classes = self.list_classes() if classes is None else list(classes)
+        rt = self._rt()
+
+        async def go():
+            sem = asyncio.Semaphore(self._config.max_in_flight)
+            return await asyncio.gather(*(self._attempts(rt, sem, "lists", "find", f"{self._root}/{c}", detail=True)
+                                          for c in classes))
+
+        found: dict = {}
+        for c, (result, err, attempts) in zip(classes, rt.run(go())):
+            if err is not None:
+                raise self._list_error(f"{self._root}/{c}", err, attempts)
+            found.update(result)
+        return self._infos(found)
+
+    def _infos(self, found: dict) -> list[ObjectInfo]:
+        start = len(self._root) + 1
+        out = []
+        for name, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
+            out.append(ObjectInfo(name[start:], int(info.get("size") or 0),
+                                  str(etag).strip('"') if etag is not None else None))
+        out.sort(key=lambda o: walk_order_key(o.key))
+        return out

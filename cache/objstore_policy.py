@@ -1,0 +1,147 @@
+"""The pure half of the object-store reader (`cache/objstore.py` is the I/O shell).
+
+- `StoreConfig`: the validated knobs (in-flight bound, per-request timeout, retries, back-off).
+- `backoff`: how long to wait before retry n (exponential, full jitter).
+- `classify`: is an error worth retrying (throttling, 5xx, connection, timeout), or final
+  (missing object, access denied)?
+- `Redactor`: removes credentials from any text coordl shows (errors, reprs).
+- `walk_order_key`: the order a local copy's walk lists files in, for object keys.
+
+No I/O here: everything is a function of its arguments, tested without a server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import random
+import re
+
+from coordl.errors import ConfigError
+
+#: Error class names (from botocore, aiohttp, urllib3, http.client) that mean "the connection
+#: or the server failed this time": retried. Matched by name so this module imports none of them.
+_RETRYABLE_NAMES = frozenset({
+    "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError",
+    "HTTPClientError", "ClientPayloadError", "ServerDisconnectedError", "ClientConnectorError",
+    "ClientOSError", "ResponseParserError", "IncompleteRead", "ProtocolError", "RemoteDisconnected",
+    "FSTimeoutError", "ServerTimeoutError",
+})
+#: Words in an error's text that mean throttling or a server-side failure (S3 503 SlowDown,
+#: 500 InternalError, GCS/Azure 429/503): retried.
+_RETRYABLE_TEXT = re.compile(
+    r"SlowDown|reduce your request rate|ServiceUnavailable|InternalError|Throttl|TooManyRequests|"
+    r"\b(?:429|500|502|503|504)\b", re.IGNORECASE)
+_RETRYABLE_ERRNOS = frozenset({
+    errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED,
+    errno.EPIPE, errno.EHOSTUNREACH, errno.ENETUNREACH, getattr(errno, "EREMOTEIO", errno.EIO),
+})
+
+#: storage_options keys whose values are credentials (matched case-insensitively, in nested dicts too).
+_SECRET_OPTION = re.compile(r"key|secret|token|password|passwd|credential|sas|signature|connection_string",
+                            re.IGNORECASE)
+#: Environment variables whose values are credentials, read by botocore, gcsfs and adlfs.
+SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                   "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_SAS_TOKEN",
+                   "AZURE_CLIENT_SECRET")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreConfig:
+    """How an ObjectStore talks to its store. Defaults: worst case for a dead store that accepts
+    connections and never answers is (retries + 1) * timeout + the back-offs = 4 * 10 + ~1.4 s,
+    under a minute; a refused connection fails in ~1.5 s."""
+
+    max_in_flight: int = 32      # requests in flight at once per process (GETs, and listing calls)
+    timeout: float = 10.0        # seconds one request (connect + whole body) may take before it is retried
+    retries: int = 3             # retries after the first attempt, for throttling, 5xx, connection errors
+    backoff_base: float = 0.2    # seconds; retry n waits uniform(0, min(backoff_max, base * 2**n))
+    backoff_max: float = 5.0     # cap of one back-off, seconds
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("max_in_flight", self.max_in_flight, isinstance(self.max_in_flight, int) and 1 <= self.max_in_flight
+             <= 1024, "an int from 1 to 1024 (32 keeps a 20 ms store busy enough for ~1,500 objects/s)"),
+            ("timeout", self.timeout, isinstance(self.timeout, (int, float)) and 0 < self.timeout <= 600,
+             "seconds, more than 0 and at most 600"),
+            ("retries", self.retries, isinstance(self.retries, int) and 0 <= self.retries <= 20,
+             "an int from 0 to 20"),
+            ("backoff_base", self.backoff_base, isinstance(self.backoff_base, (int, float))
+             and 0 <= self.backoff_base <= 60, "seconds, from 0 to 60"),
+            ("backoff_max", self.backoff_max, isinstance(self.backoff_max, (int, float))
+             and self.backoff_base <= self.backoff_max <= 600, "seconds, from backoff_base to 600"),
+        )
+        for name, value, ok, want in checks:
+            if not ok or isinstance(value, bool):
+                raise ConfigError(f"ObjectStore {name}={value!r} is not valid: pass {want}")
+
+    def worst_case_seconds(self) -> float:
+        """The longest one object can take to fail: every attempt times out, every back-off is at its cap."""
+        waits = sum(min(self.backoff_max, self.backoff_base * 2 ** n) for n in range(self.retries))
+        return (self.retries + 1) * self.timeout + waits
+
+
+def backoff(config: StoreConfig, retry: int, rng: random.Random) -> float:
+    """Seconds to wait before retry number `retry` (0-based): exponential back-off with full jitter
+    (AWS's recommendation: spreads the retries of many clients throttled at once)."""
+    return rng.uniform(0.0, min(config.backoff_max, config.backoff_base * 2 ** retry))
+
+
+def classify(exc: BaseException) -> str:
+    """'missing' (the object or bucket is not there), 'denied' (credentials), 'retry' (throttling,
+    a 5xx, a connection error or a timeout) or 'fatal' (anything else: not retried)."""
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    if isinstance(exc, PermissionError):
+        return "denied"
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return "retry"
+    if any(cls.__name__ in _RETRYABLE_NAMES for cls in type(exc).__mro__):
+        return "retry"
+    if isinstance(exc, OSError) and exc.errno in _RETRYABLE_ERRNOS:
+        return "retry"
+    if _RETRYABLE_TEXT.search(str(exc)):
+        return "retry"
+    return "fatal"
+
+
+def _secret_values(options, out: set[str], secret: bool = False) -> None:
+    if isinstance(options, dict):
+        for k, v in options.items():
+            _secret_values(v, out, secret or bool(_SECRET_OPTION.search(str(k))))
+    elif isinstance(options, (list, tuple)):
+        for v in options:
+            _secret_values(v, out, secret)
+    elif secret and isinstance(options, str) and options:
+        out.add(options)
+
+
+class Redactor:
+    """Replaces every credential (storage_options values under key/secret/token/... keys, and the
+    AWS_/AZURE_ credential environment variables) and a URL's user:password@ with '***'."""
+
+    def __init__(self, storage_options: dict | None) -> None:
+        found: set[str] = set()
+        _secret_values(storage_options or {}, found)
+        found.update(v for v in (os.environ.get(n) for n in SECRET_ENV_VARS) if v)
+        # longest first, so a secret containing another is replaced whole
+        self._secrets = sorted((s for s in found if len(s) >= 3), key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        text = re.sub(r"(://)[^/@\s]+@", r"\1***@", str(text))
+        for s in self._secrets:
+            text = text.replace(s, "***")
+        return text
+
+    def __repr__(self) -> str:
+        return f"Redactor({len(self._secrets)} secrets)"
+
+
+def walk_order_key(key: str) -> tuple:
+    """Sort key that lists object keys in the order a local copy is walked: in each folder its files
+    by name, then its sub-folders by name (torchvision's ImageFolder, coordl/manifest_scan.py).
+    Plain string order differs: a walk lists 'a/z.jpg' before 'a/b/c.jpg' (files of a/ first),
+    string order the other way round."""
+    parts = key.split("/")
+    return tuple((1, p) for p in parts[:-1]) + ((0, parts[-1]),)
