@@ -58,13 +58,19 @@ def info(as_json: bool) -> None:
               help="Fraction of images made at --large-size (real datasets hold large photos).")
 @click.option("--large-size", default="1500x1125", show_default=True)
 @click.option("--workers", type=int, default=None, help="Processes (default: all cores).")
-def make_dataset_cmd(directory, images, classes, size, quality, seed, large_fraction, large_size, workers):
-    """Write a deterministic ImageNet-like JPEG folder DIRECTORY/<class>/<image>.jpg."""
+@click.option("--overwrite", is_flag=True,
+              help="Replace a dataset make-dataset wrote in DIRECTORY before (without it, a "
+                   "non-empty DIRECTORY is refused).")
+def make_dataset_cmd(directory, images, classes, size, quality, seed, large_fraction, large_size, workers,
+                     overwrite):
+    """Write a deterministic ImageNet-like JPEG folder DIRECTORY/<class>/<image>.jpg.
+
+    DIRECTORY must be new or empty (or hold an earlier make-dataset output, with --overwrite)."""
     from .synthetic import make_dataset, parse_size
 
     t0 = time.perf_counter()
     total = make_dataset(directory, images, classes, parse_size(size), quality, seed,
-                         large_fraction, parse_size(large_size), workers)
+                         large_fraction, parse_size(large_size), workers, overwrite=overwrite)
     click.echo(f"wrote {images} images in {classes} classes to {directory}: "
                f"{total / 2**20:.1f} MiB, mean {total / images / 1024:.1f} KiB/image, "
                f"{time.perf_counter() - t0:.1f} s")

@@ -5,18 +5,28 @@ grain, which JPEG compresses about as well as a photograph: 500x375 at
 quality 90 gives files of about 90-120 KiB. Image k of a dataset depends only
 on (seed, k), so the same command makes the same bytes on every machine
 (for one Pillow build).
+
+The folder must be new or empty: make_dataset never mixes its images with
+what is there. ``overwrite=True`` (``--overwrite``) first removes a dataset
+make_dataset wrote before (``class_NNNN/img_NNNNNNN.jpg`` and nothing else),
+so the folder then holds exactly the new one; anything else in the folder is
+refused, never deleted.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from PIL import Image
 
 from .errors import ConfigError
+
+_CLASS = re.compile(r"class_\d{4}")
+_IMAGE = re.compile(r"img_\d{7}\.jpg")
 
 _OCTAVES = ((3, 1.0), (6, 0.77), (12, 0.63), (24, 0.5), (48, 0.4), (96, 0.32), (192, 0.25))
 
@@ -60,12 +70,14 @@ def _write_one(args: tuple) -> int:
 def make_dataset(
     root: str, images: int, classes: int, size: tuple[int, int] = (500, 375), quality: int = 90,
     seed: int = 0, large_fraction: float = 0.0, large_size: tuple[int, int] = (1500, 1125),
-    workers: int | None = None, progress: bool = True,
+    workers: int | None = None, progress: bool = True, overwrite: bool = False,
 ) -> int:
     """Write `images` JPEGs into `classes` class folders under `root`; returns total bytes.
 
     ``large_fraction`` of the images (chosen by seed) are ``large_size``
     instead of ``size``, like the large photos real datasets contain.
+    `root` must be new or empty, or with ``overwrite`` hold only an earlier
+    make_dataset output, which is removed first (module docstring).
     """
     if images < 1 or classes < 1:
         raise ConfigError(f"--images {images} and --classes {classes} must both be at least 1")
@@ -73,8 +85,13 @@ def make_dataset(
         raise ConfigError(f"--classes {classes} is more than --images {images}: every class needs an image")
     if not 1 <= quality <= 100:
         raise ConfigError(f"--quality {quality} must be between 1 and 100")
-    for c in range(classes):
-        os.makedirs(os.path.join(root, f"class_{c:04d}"), exist_ok=True)
+    _prepare(root, overwrite)
+    try:
+        for c in range(classes):
+            os.makedirs(os.path.join(root, f"class_{c:04d}"), exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"make-dataset: cannot create the folder {root!r} ({e}): pass a folder "
+                          "you can write") from None
     large = np.random.default_rng((seed, 7)).random(images) < large_fraction
     jobs = [(root, seed, k, k % classes, *(large_size if large[k] else size), quality)
             for k in range(images)]
@@ -82,8 +99,53 @@ def make_dataset(
     from tqdm import tqdm
 
     total = 0
-    with ProcessPoolExecutor(workers) as pool:
-        for n in tqdm(pool.map(_write_one, jobs, chunksize=16), total=len(jobs),
-                      desc="make-dataset", unit="img", disable=not progress):
-            total += n
+    try:
+        with ProcessPoolExecutor(workers) as pool:
+            for n in tqdm(pool.map(_write_one, jobs, chunksize=16), total=len(jobs),
+                          desc="make-dataset", unit="img", disable=not progress):
+                total += n
+    except OSError as e:
+        raise ConfigError(f"make-dataset: cannot write the images into {root!r} ({e}): pass a "
+                          "folder you can write, with room for them") from None
     return total
+
+
+def _prepare(root: str, overwrite: bool) -> None:
+    """Refuse a non-empty `root` (ConfigError naming it and --overwrite); with `overwrite`,
+    remove an earlier make_dataset output, and refuse anything else it holds."""
+    try:
+        entries = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return
+    except OSError as e:  # a file, or a folder that cannot be read
+        raise ConfigError(f"make-dataset: cannot use {root!r} as the dataset folder ({e}): pass a "
+                          "new or empty folder") from None
+    if not entries:
+        return
+    if not overwrite:
+        raise ConfigError(f"make-dataset: the folder {root!r} is not empty ({len(entries)} entries, "
+                          f"e.g. {entries[0]!r}): writing into it would mix the new images with "
+                          "what is there. Pass --overwrite (overwrite=True) to replace a dataset "
+                          "make-dataset wrote there, or pass a new or empty folder")
+    files = []
+    for name in entries:
+        folder = os.path.join(root, name)
+        inside = sorted(os.listdir(folder)) if _CLASS.fullmatch(name) and os.path.isdir(folder) \
+            and not os.path.islink(folder) else None
+        other = name if inside is None else next(
+            (os.path.join(name, f) for f in inside if not _IMAGE.fullmatch(f)
+             or not os.path.isfile(os.path.join(folder, f))), None)
+        if other is not None:
+            raise ConfigError(f"make-dataset --overwrite: {root!r} holds {other!r}, which "
+                              "make-dataset did not write (it writes class_NNNN/img_NNNNNNN.jpg): "
+                              "--overwrite replaces only a dataset it made; move that away or "
+                              "pass a new or empty folder")
+        files += [os.path.join(folder, f) for f in inside]
+    try:
+        for path in files:
+            os.unlink(path)
+        for name in entries:
+            os.rmdir(os.path.join(root, name))
+    except OSError as e:
+        raise ConfigError(f"make-dataset --overwrite: cannot remove the old dataset in {root!r} "
+                          f"({e}): remove it yourself or pass a new or empty folder") from None
