@@ -15,7 +15,8 @@ counts one ``decodes``, every one yielded one ``samples``, every one
 dropped by ``on_error="skip"`` one ``errors_skipped``.
 
 Threads: ``num_workers=W`` gives DALI ``num_threads=max(W, 1)`` decode
-threads, in the training process (no worker processes); the calling
+threads, in the training process (no worker processes, so torch's warning
+about too many of them is not given: loader.py); the calling
 thread fetches bytes and plans crops while they decode. ``prefetch_factor``
 (default 2) is the number of batches in flight. Images are contiguous
 (B, 3, H, W) (the CPU backend's are the same shape, in channels_last
@@ -208,8 +209,8 @@ def dali_epoch(loader, device: str | None = None) -> DaliEpoch:
     require_dali()
     device = device or getattr(loader, "dali_device", "cpu")
     if device not in dali.DEVICES:
-        raise ConfigError(f"DALI device={device!r}: use 'cpu' or 'gpu'")
+        raise ConfigError(f"dali_device={device!r}: use 'cpu' or 'gpu'")
     if device == "gpu" and gpu_count() == 0:
-        raise ConfigError("DALI device='gpu' but DALI sees no CUDA device (no GPU or no NVIDIA driver): "
-                          "use device='cpu'")
+        raise ConfigError("dali_device='gpu' but DALI sees no CUDA device (no GPU or no NVIDIA driver): "
+                          "use dali_device='cpu' (the default)")
     return DaliEpoch(loader, device)

@@ -225,6 +225,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if not coordl_ds and (cache is not None or drop_page_cache is not None):
             raise ConfigError(f"cache= and drop_page_cache= need a coordl dataset (e.g. coordl.ImageFolder), "
                               f"not {type(dataset).__name__}: leave them unset")
+        self.backend = backend  # before torch's __init__: check_worker_number_rationality reads it
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -238,7 +239,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             check_platform()
         self.reuse_buffers = bool(reuse_buffers)
         self._lend_buffers()
-        self.backend = backend
         if dali_device not in ("cpu", "gpu"):
             raise ConfigError(f"dali_device={dali_device!r} must be 'cpu' or 'gpu' (DALI's mixed decode)")
         self.dali_device = dali_device
@@ -359,6 +359,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if coordinator is not None:
             return len(coordinator)
         return len(self._rank_batches) if self._rank_sampler is not None else super().__len__()
+
+    def check_worker_number_rationality(self) -> None:
+        """torch's warning about more worker processes than CPUs; backend="dali" starts none
+        (its num_workers are DALI threads in this process: dali_loader.dali_threads)."""
+        if self.backend != "dali":
+            super().check_worker_number_rationality()
 
     def __iter__(self):
         if self._coordinator is not None:  # batches come from the daemon: coordinator/client.py

@@ -26,9 +26,18 @@ in worker processes, which would each have to attach the cache and count
 reads, to do work (a header parse and a crop draw per item, ~10 us) that is
 small next to the decode.
 
-Errors: a file whose header is unreadable (not an image, empty) or a JPEG
-cut short (no end-of-image marker after its last scan: what Pillow calls
-truncated) is refused on the host, per item. A failure inside DALI
+Errors: DALI's decoders ignore libjpeg's corrupt-data warnings (a JPEG cut
+short and closed with an end marker, a stray marker in its data, no data at
+all: each came out as a picture), so the host refuses, per item and before
+DALI decodes, what the CPU pipeline refuses for the same crop box, with the
+CPU pipeline's own checks: `roi.check_region` (libjpeg entropy-decodes the
+rows above the bottom of the region the CPU would decode, the bytes below
+are scanned for markers) or, without the extension or for a colour space it
+leaves to Pillow, `markers.check` (the Pillow path's). An unreadable header
+(not an image, empty) is refused as `cpu.open_image` refuses it. A format
+that Pillow reads and DALI is not given (GIF, TIFF, WebP, ...: anything but
+JPEG, PNG and BMP) is decoded on the host by `cpu.decode` and handed to DALI
+as a PPM, so the verdict and the pixels are the CPU's. A failure inside DALI
 invalidates the whole pipeline and does not say which sample it was: the
 pipeline is rebuilt (~3 ms) and that batch is decoded one sample at a time
 to find the culprit(s), then the batches that were in flight are fed again.
@@ -50,7 +59,7 @@ import numpy as np
 
 from coordl.errors import ConfigError
 
-from . import cpu, crop
+from . import cpu, crop, markers
 from . import roi as jpegroi
 
 TRANSFORMS = ("train", "val")
@@ -58,6 +67,8 @@ DEVICES = ("cpu", "gpu")
 LAYOUTS = ("CHW", "HWC")
 INSTALL_HINT = "pip install coordl[dali] (NVIDIA DALI, the CUDA 12 wheel nvidia-dali-cuda120)"
 _DALI_ERRORS = (RuntimeError, IndexError, ValueError)
+#: formats DALI decodes from the file's bytes; Pillow decodes any other on the host
+DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP"})
 
 
 def require():
@@ -100,24 +111,38 @@ class Recipe:
 
 # -- planning: pure functions of (bytes, item, epoch, recipe), no DALI ------------------------
 
-def image_size(raw) -> tuple[int, int]:
-    """(width, height) from the header; DecodeError for bytes that are no image, or a cut JPEG."""
+@dataclass(frozen=True)
+class Source:
+    """One file as the host found it: the bytes DALI decodes, the image's size, its format, and
+    whether its verdict waits for the crop box (a JPEG the region decoder checks)."""
+
+    raw: Any
+    width: int
+    height: int
+    format: str
+    check_box: bool = False
+
+
+def examine(raw) -> Source:
+    """What DALI is given for `raw`; DecodeError for what the CPU pipeline refuses whatever the crop."""
     if len(raw) == 0:
         raise cpu.DecodeError("the file is empty (0 bytes)")
-    if jpegroi.is_jpeg(raw):
-        if not _jpeg_complete(raw):
-            raise cpu.DecodeError("image file is truncated (no JPEG end-of-image marker after the last scan)")
-        if jpegroi.AVAILABLE:
-            width, height, _ = jpegroi.header(raw)
-            return width, height
-    return cpu.open_image(raw).size
+    if jpegroi.AVAILABLE and jpegroi.is_jpeg(raw):
+        width, height, supported = jpegroi.header(raw)  # DecodeError: libjpeg rejects the header
+        cpu.check_pixels(width, height)
+        if supported:
+            return Source(raw, width, height, "JPEG", check_box=True)
+    img = cpu.open_image(raw)  # DecodeError: empty, not an image, a decompression bomb
+    if img.format == "JPEG":
+        markers.check(raw, img)  # what the CPU's Pillow path checks before it decodes
+    elif img.format not in DALI_FORMATS:
+        return Source(_ppm(cpu.decode(raw)), *img.size, img.format)
+    return Source(raw, *img.size, img.format or "unknown")
 
 
-def _jpeg_complete(raw) -> bool:
-    if bytes(raw[-2:]) == b"\xff\xd9":
-        return True
-    data = bytes(raw)  # trailing bytes after the marker: the last scan must still be closed
-    return data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda")
+def _ppm(img) -> bytes:
+    """An RGB PIL image as binary PPM, which DALI decodes losslessly."""
+    return b"P6\n%d %d\n255\n" % img.size + img.tobytes()
 
 
 def box_for(recipe: Recipe, width: int, height: int, item: int, epoch: int) -> tuple[tuple, bool]:
@@ -150,6 +175,7 @@ class Planned:
     run: list[int] = field(default_factory=list)      # positions fed to DALI, in order
     inputs: dict[str, list] = field(default_factory=lambda: collections.defaultdict(list))
     errors: dict[int, cpu.DecodeError] = field(default_factory=dict)
+    formats: list[str] = field(default_factory=list)  # of the positions in `run`
 
 
 def plan(recipe: Recipe, raws, items, epoch: int, tag: Any = None) -> Planned:
@@ -157,17 +183,20 @@ def plan(recipe: Recipe, raws, items, epoch: int, tag: Any = None) -> Planned:
     batch = Planned(tag)
     for pos, (raw, item) in enumerate(zip(raws, items)):
         try:
-            width, height = image_size(raw)
+            found = examine(raw)
+            box, flip = box_for(recipe, found.width, found.height, int(item), epoch)
+            if found.check_box:  # the CPU pipeline's verdict for this box (roi.decode_region's)
+                jpegroi.check_region(raw, box, recipe.size, (found.width, found.height))
         except cpu.DecodeError as e:
             batch.errors[pos] = e
             continue
-        box, flip = box_for(recipe, width, height, int(item), epoch)
-        anchor, shape, roi_start, roi_end = window_for(box, recipe.size, width, height)
-        for name, value in (("jpegs", np.frombuffer(raw, dtype=np.uint8)), ("anchor", anchor),
+        anchor, shape, roi_start, roi_end = window_for(box, recipe.size, found.width, found.height)
+        for name, value in (("jpegs", np.frombuffer(found.raw, dtype=np.uint8)), ("anchor", anchor),
                             ("shape", shape), ("roi_start", roi_start), ("roi_end", roi_end),
                             ("mirror", np.array(int(flip), dtype=np.int32))):
             batch.inputs[name].append(value)
         batch.run.append(pos)
+        batch.formats.append(found.format)
     return batch
 
 
@@ -308,7 +337,8 @@ class Prep:
                 parts.append(to_numpy(self._pipe.outputs()[0]))
                 kept.append(pos)
             except _DALI_ERRORS as e:
-                batch.errors[pos] = cpu.DecodeError(f"DALI cannot decode it: {_dali_message(e)}")
+                batch.errors[pos] = cpu.DecodeError(
+                    f"DALI cannot decode it (a {batch.formats[k]} image): {_dali_message(e)}")
                 self._rebuild()
         images = np.concatenate(parts) if parts else None
         return Result(batch.tag, images, kept, dict(sorted(batch.errors.items())))

@@ -85,6 +85,34 @@ def region_for_box(box, size: int, width: int, height: int) -> tuple[int, int, i
     return x0, y0, x1, y1
 
 
+def scaled_region(box, size: int, image_size: tuple[int, int], scale: bool = True) -> tuple[int, tuple, tuple]:
+    """(DCT scale denominator, region (x0, y0, x1, y1), box): what `decode_region` decodes for `box`,
+    the region and the box in the scaled image's pixels."""
+    full_w, full_h = image_size
+    denom = crop.scale_denom(box, size, image_size) if scale else 1
+    # libjpeg's scaled size is ceil(full / denom); Pillow's draft rescales boxes the same way
+    sw, sh = -(-full_w // denom), -(-full_h // denom)
+    sx, sy = sw / full_w, sh / full_h
+    scaled = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+    return denom, region_for_box(scaled, size, sw, sh), scaled
+
+
+def check_region(raw, box, size: int, image_size: tuple[int, int], scale: bool = True) -> None:
+    """DecodeError exactly where `decode_region` raises for `box`, without decoding its pixels.
+
+    Decodes one row, the region's last, one iMCU wide, at the same scale: libjpeg
+    entropy-decodes every row above it (where its corrupt-data warnings come from) and the
+    bytes below are scanned as `decode_region` scans them. Costs the entropy decoding of the
+    rows above the region's bottom, not their IDCT. For a backend that decodes elsewhere
+    (pipelines/dali.py) and must refuse what the CPU pipeline refuses.
+    """
+    denom, (x0, _y0, _x1, y1), _ = scaled_region(box, size, image_size, scale)
+    try:
+        _jpegroi.decode(raw, denom, x0, y1 - 1, x0 + 1, y1, 3)
+    except ValueError as e:
+        raise _decode_error(e) from None
+
+
 def decode_region(raw, box, size: int, image_size: tuple[int, int], channels: int = 3,
                   scale: bool = True):
     """The low-level call: (pixels, width, height, box_in_region) or None when unsupported.
@@ -94,13 +122,7 @@ def decode_region(raw, box, size: int, image_size: tuple[int, int], channels: in
     (after DCT scaling; `scale=False`: never scaled). Raises DecodeError for
     corrupt or truncated data, also below the region (see the module's notes).
     """
-    full_w, full_h = image_size
-    denom = crop.scale_denom(box, size, image_size) if scale else 1
-    # libjpeg's scaled size is ceil(full / denom); Pillow's draft rescales boxes the same way
-    sw, sh = -(-full_w // denom), -(-full_h // denom)
-    sx, sy = sw / full_w, sh / full_h
-    left, top, w, h = box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
-    x0, y0, x1, y1 = region_for_box((left, top, w, h), size, sw, sh)
+    denom, (x0, y0, x1, y1), (left, top, w, h) = scaled_region(box, size, image_size, scale)
     try:
         got = _jpegroi.decode(raw, denom, x0, y0, x1, y1, channels)
     except ValueError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -187,11 +188,24 @@ def test_what_the_dali_backend_refuses(tiny_root):
         iter(coordl.DataLoader(ds, batch_size=4, collate_fn=lambda b: b, backend="dali"))
     with pytest.raises(coordl.ConfigError, match="batch_size=None"):
         iter(coordl.DataLoader(ds, batch_size=None, backend="dali"))
-    with pytest.raises(coordl.ConfigError, match="device='tpu'"):
+    with pytest.raises(coordl.ConfigError, match="dali_device='tpu'"):
         dali_loader.dali_epoch(coordl.DataLoader(ds, batch_size=4, backend="dali"), device="tpu")
-    if dali_loader.gpu_count() == 0:
-        with pytest.raises(coordl.ConfigError, match="no CUDA device"):
-            dali_loader.dali_epoch(coordl.DataLoader(ds, batch_size=4, backend="dali"), device="gpu")
+    if dali_loader.gpu_count() == 0:  # the message names the loader's argument, dali_device=
+        with pytest.raises(coordl.ConfigError, match=r"dali_device='gpu' but .*no CUDA device.*"
+                                                     r"use dali_device='cpu'"):
+            iter(coordl.DataLoader(ds, batch_size=4, backend="dali", dali_device="gpu"))
+
+
+def test_num_workers_are_dali_threads_so_torch_warns_of_no_processes(tiny_root):
+    ds = coordl.ImageFolder(tiny_root, transform="val", size=32)
+    many = 4 * (os.cpu_count() or 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = coordl.DataLoader(ds, batch_size=8, num_workers=many, backend="dali")
+        assert sum(len(labels) for _, labels in loader) == len(ds)
+    assert not [w for w in caught if "worker processes" in str(w.message)], [str(w.message) for w in caught]
+    with pytest.warns(UserWarning, match="worker processes"):  # the CPU backend's are processes: kept
+        coordl.DataLoader(ds, batch_size=8, num_workers=many)
 
 
 def test_an_unfinished_epoch_then_a_full_one(tiny_root):

@@ -157,6 +157,30 @@ def test_bad_images_fail_their_batch_naming_the_file_or_are_skipped_and_counted(
     assert skipping.wait() == 0 and skipping.segments_left() == []
 
 
+def test_a_mixed_folder_is_skipped_as_the_cpu_backend_skips_it(tiny_root, tmp_path, serve):
+    """The broken JPEGs DALI used to decode and other formats named .jpg (issue 24): the daemon's
+    DALI workers skip exactly the items a local CPU loader skips, the same rows per batch."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "pipelines"))
+    import jpeg_faults
+
+    root = str(tmp_path / "mixed")
+    shutil.copytree(tiny_root, root)
+    jpeg_faults.add_faults(root)
+    ds = coordl.ImageFolder(root, transform="train", size=32, seed=5, on_error="skip")
+    local = coordl.DataLoader(ds, batch_size=4, shuffle=False)
+    want = [(batch[0].shape[0], batch[1].tolist()) for batch in local]
+    want_skipped = local.stats()["errors_skipped"]
+    served = serve(root, backend="dali", no_shuffle=True, epochs=1, seed=5, on_error="skip")
+    job = coordl.DataLoader(ds, batch_size=4, shuffle=False, coordinator=served.address, timeout=60)
+    got = [(batch[0].shape[0], batch[1].tolist()) for batch in job]
+    counters = job.stats()
+    print(f"CPU {sum(n for n, _ in want)} rows, {want_skipped} skipped; DALI daemon "
+          f"{sum(n for n, _ in got)} rows, {counters['daemon_errors_skipped']} skipped")
+    assert got == want and counters["daemon_errors_skipped"] == want_skipped >= 4
+    job.coordinator.close()
+    assert served.wait() == 0 and served.segments_left() == []
+
+
 def test_what_serve_refuses_for_the_dali_backend(monkeypatch, sockdir, tiny_root):
     with pytest.raises(coordl.ConfigError, match="--dali-device gpu needs --backend dali"):
         ServeConfig(data="/d", batch_size=4, dali_device="gpu")
