@@ -109,7 +109,8 @@ def enable_auth(server: MotoServer) -> tuple[str, str]:
         "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
     iam.attach_user_policy(UserName="coordl", PolicyArn=policy["Policy"]["Arn"])
     created = iam.create_access_key(UserName="coordl")["AccessKey"]
-    req = urllib.request.Request(f"{server.url}/moto-api/reset-auth", data=b"0", method="POST")
+    req = urllib.request.Request(f"{server.url}/moto-api/reset-auth", data=b"0", method="POST",
+                                 headers={"Content-Type": "text/plain"})  # a form body would be parsed away
     with urllib.request.urlopen(req, timeout=10):
         pass
     return created["AccessKeyId"], created["SecretAccessKey"]
