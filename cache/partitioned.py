@@ -22,16 +22,23 @@ the batch takes ~110 ms of one core).
 
 A batch's items are grouped by owner; each owner gets one pipelined MGET, the
 remote owners in parallel on a small thread pool while this thread reads the
-local node. Values carry a header (magic, item, length, xxh3 of the payload,
-`coordl.cache.checksum.digest`); a value that fails it is counted in
-``remote_errors``, treated as a miss and never served.
+local node. Values carry a header (magic, item, length, check) where the check
+is the payload's xxh3 (`coordl.cache.checksum.digest`) xor a binding of the
+whole dataset fingerprint and the item (`binding`): a value that fails it
+(corrupt, under another item's key, or copied from another dataset's key of
+the same item) is counted in ``remote_errors``, treated as a miss and never
+served.
 
-Faults: every request has the client's `timeout`. A node that fails (refused,
-reset, timed out) is skipped for `retry_after` seconds, its items come from
-storage (the caller's misses), and it is tried again after that; nothing is
-raised to the training loop. A node whose memory is full (noeviction refuses
-the write: OOM) or whose `capacity_per_node` is reached admits nothing more;
-that is not an error.
+Faults (cache/nodehealth.py): every request has the client's `timeout`. Any
+Redis error on a node (refused, reset, timed out, a read-only replica, an
+error reply, a meta hash that is not coordl's) is a fault of that node: it is
+skipped for `retry_after` seconds by every process of the loader, its items
+come from storage (the caller's misses), the fault is counted (``nodes_down``,
+``node_faults``) and logged once per kind with the fix, and the node is tried
+again after that through a new connection, which checks the server again (a
+primary, a policy that never evicts); nothing is raised to the training loop.
+A node whose memory is full (noeviction refuses the write: OOM) or whose
+`capacity_per_node` is reached admits nothing more; that is not a fault.
 
 Admission is one Lua script per item on the owner (EVALSHA): write only if
 the key is absent and the dataset's bytes on that node stay within
@@ -40,11 +47,14 @@ the key is absent and the dataset's bytes on that node stay within
 
 NOTE [lifecycle and processes]
 - Constructed in the training process: it connects to every node once, checks
-  each answers as Redis with a non-evicting policy, then drops nothing.
+  each answers as a Redis primary with a non-evicting policy (ConfigError if
+  not), then drops nothing. Every later connection, in any process, checks
+  the same (`nodehealth.checked_connect`); failing it is a node fault.
 - Forked workers: the first call in a new pid builds fresh clients and a fresh
   thread pool (redis-py pools are not shared across processes; threads do not
   survive fork). Spawned workers get the configuration by pickle
-  (`__getstate__`) and connect lazily, without re-checking.
+  (`__getstate__`) and connect lazily. Both share the node health table with
+  the training process (cache/nodehealth.py).
 - coordl never flushes a node and touches only keys under
   ``coordl:<fingerprint>:``; `drop` deletes exactly those (SCAN + UNLINK).
 """
@@ -52,30 +62,37 @@ NOTE [lifecycle and processes]
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import struct
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from coordl.errors import CacheError, ConfigError
 
-from . import placement, redisnode
+from . import nodehealth, placement, redisnode
 from .checksum import digest
 
-HEADER = struct.Struct("<4sQQQ")   # magic, item, payload length, xxh3-64 of the payload
-MAGIC = b"CDL1"
+HEADER = struct.Struct("<4sQQQ")   # magic, item, payload length, xxh3-64 of the payload ^ binding
+MAGIC = b"CDL2"
 _SCHEMES = ("redis", "rediss", "unix")
 _COUNTS = ("local_hits", "remote_hits", "remote_bytes", "remote_errors")
 
 # KEYS: item key, meta key. ARGV: value, capacity (0: the server's maxmemory only), n_items, label.
+# Returns 1 written, 0 present, -1 over capacity, -2 the meta key is not coordl's (nothing written).
 _ADMIT = """
+local t = redis.call('TYPE', KEYS[2])['ok']
+if t ~= 'hash' and t ~= 'none' then return -2 end
+local used = redis.call('HGET', KEYS[2], 'bytes') or '0'
+local count = redis.call('HGET', KEYS[2], 'items') or '0'
+if not string.match(used, '^%d+$') or not string.match(count, '^%d+$') then return -2 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local n = string.len(ARGV[1])
 local cap = tonumber(ARGV[2])
-if cap > 0 and tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0') + n > cap then return -1 end
+if cap > 0 and tonumber(used) + n > cap then return -1 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[2], 'bytes', n)
 redis.call('HINCRBY', KEYS[2], 'items', 1)
@@ -86,18 +103,30 @@ return 1
 """
 
 
-def pack(item: int, raw: bytes | memoryview) -> bytes:
-    """A stored value: header + payload."""
-    return HEADER.pack(MAGIC, item, memoryview(raw).nbytes, digest(raw)) + bytes(raw)
+def binding(fingerprint: str, item: int) -> int:
+    """64 bits of (the whole dataset fingerprint, the item): xored into a value's check, so a value
+    verifies only under the dataset and item it was written for."""
+    return xxhash.xxh3_64_intdigest(int(item).to_bytes(8, "little"), seed=_fingerprint_seed(fingerprint))
 
 
-def unpack(item: int, value: bytes) -> memoryview | None:
-    """The payload of a stored value, or None when its header or checksum does not match `item`."""
+@functools.lru_cache(maxsize=64)
+def _fingerprint_seed(fingerprint: str) -> int:
+    return xxhash.xxh3_64_intdigest(fingerprint.encode())
+
+
+def pack(bound: int, item: int, raw: bytes | memoryview) -> bytes:
+    """A stored value: header + payload; `bound` is `binding(fingerprint, item)`."""
+    return HEADER.pack(MAGIC, item, memoryview(raw).nbytes, digest(raw) ^ bound) + bytes(raw)
+
+
+def unpack(bound: int, item: int, value: bytes) -> memoryview | None:
+    """The payload of a stored value, or None when its header or check does not match `item` and
+    `bound` (= `binding(fingerprint, item)`)."""
     if len(value) < HEADER.size:
         return None
     magic, it, n, check = HEADER.unpack_from(value)
     payload = memoryview(value)[HEADER.size:]
-    if magic != MAGIC or it != item or n != payload.nbytes or digest(payload) != check:
+    if magic != MAGIC or it != item or n != payload.nbytes or digest(payload) ^ bound != check:
         return None
     return payload
 
@@ -130,7 +159,7 @@ class PartitionedCache:
         self.fingerprint: str | None = None
         self._n, self._label, self._prefix = 0, "", ""
         self._salts: np.ndarray | None = None
-        self._down_until = [0.0] * len(self.nodes)
+        self._health = nodehealth.NodeHealth(len(self.nodes))
         self._full = [False] * len(self.nodes)
         self._maxmemory = [0] * len(self.nodes)
         self._pid = -1
@@ -146,7 +175,9 @@ class PartitionedCache:
         from redis.retry import Retry
 
         self._clients = [redis.Redis.from_url(url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
-                                              retry=Retry(NoBackoff(), 0), health_check_interval=0)
+                                              retry=Retry(NoBackoff(), 0), health_check_interval=0,
+                                              redis_connect_func=functools.partial(
+                                                  nodehealth.checked_connect, url, self.capacity_per_node))
                          for url in self.nodes]
         self._scripts = [c.register_script(_ADMIT) for c in self._clients]
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -170,6 +201,8 @@ class PartitionedCache:
         url, shown = self.nodes[j], redisnode.redact(self.nodes[j])
         try:
             info = redisnode.read_info(self._client(j))
+        except nodehealth.unfit_error() as e:  # a replica, an evicting policy, no maxmemory
+            raise ConfigError(str(e)) from None
         except redis.AuthenticationError as e:
             raise ConfigError(f"cache node {shown}: authentication failed ({e}): put the node's password in "
                               "the URL, redis://:PASSWORD@host:port/0 (see --password-file of "
@@ -229,13 +262,19 @@ class PartitionedCache:
         if not 0 <= i < self._n:
             raise IndexError(f"item {i} is out of range for a cache of {self._n} items")
 
-    # -- node health --
-    def _usable(self, j: int, now: float) -> bool:
-        return now >= self._down_until[j]
+    # -- node health (cache/nodehealth.py) --
+    def _usable(self, j: int) -> bool:
+        return self._health.usable(j)
 
-    def _failed(self, j: int) -> None:
-        self._down_until[j] = time.monotonic() + self.retry_after
+    def _failed(self, j: int, e: Exception | str, kind: str | None = None) -> None:
+        """Node j faulted: skip it for retry_after (every process), count and log it, and drop its
+        connections, so that the next use reconnects and checks the server again."""
+        kind = kind or nodehealth.classify(e)
+        shown = redisnode.redact(self.nodes[j])
+        self._health.fault(j, self.retry_after, kind, nodehealth.describe(shown, kind, e, self.retry_after))
         self._full[j] = False  # when it answers again it may be a fresh, empty server
+        if self._pid == os.getpid():
+            self._clients[j].connection_pool.disconnect()
 
     # -- reads --
     def get_many(self, indices: Iterable[int], counters: Any = None) -> dict[int, memoryview]:
@@ -246,8 +285,7 @@ class PartitionedCache:
         for i in (items.min(), items.max()):
             self._check_item(int(i))
         owner = placement.owners(self._require_open(), items)
-        now = time.monotonic()
-        groups = {int(j): items[owner == j].tolist() for j in np.unique(owner) if self._usable(int(j), now)}
+        groups = {int(j): items[owner == j].tolist() for j in np.unique(owner) if self._usable(int(j))}
         local = groups.pop(self.node_rank, None)
         futures = [(j, self._threads().submit(self._mget, j, its)) for j, its in groups.items()]
         tally = dict.fromkeys(_COUNTS, 0)
@@ -269,8 +307,8 @@ class PartitionedCache:
         redis = redisnode.redis_module()
         try:
             return self._client(j).mget([self.key(i) for i in items])
-        except redis.RedisError:
-            self._failed(j)
+        except redis.RedisError as e:
+            self._failed(j, e)
             return None
 
     def _collect(self, items: list[int], values: list | None, hits: dict, tally: dict,
@@ -281,7 +319,7 @@ class PartitionedCache:
         for i, value in zip(items, values):
             if value is None:
                 continue
-            payload = unpack(i, value)
+            payload = unpack(binding(self.fingerprint or "", i), i, value)
             if payload is None:
                 tally["remote_errors"] += 1
                 continue
@@ -295,48 +333,61 @@ class PartitionedCache:
         """Offer item i's bytes to its owner; True when admitted (first touch, while it has room)."""
         self._check_item(i)
         j = self.owner(i)
-        if self._full[j] or not self._usable(j, time.monotonic()) or memoryview(raw).nbytes == 0:
+        if self._full[j] or not self._usable(j) or memoryview(raw).nbytes == 0:
             return False
         redis = redisnode.redis_module()
         if self._pid != os.getpid():
             self._connect()
         try:
-            done = self._scripts[j](keys=[self.key(i), self.meta_key],
-                                    args=[pack(i, raw), self.capacity_per_node or 0, self._n, self._label],
-                                    client=self._clients[j])
+            done = int(self._scripts[j](keys=[self.key(i), self.meta_key],
+                                        args=[pack(binding(self.fingerprint or "", i), i, raw),
+                                              self.capacity_per_node or 0, self._n, self._label],
+                                        client=self._clients[j]))
         except redis.ResponseError as e:
-            if "OOM" not in str(e) and "maxmemory" not in str(e):
-                raise CacheError(f"cache node {redisnode.redact(self.nodes[j])} refused a write: {e}") from None
-            self._full[j] = True  # noeviction at maxmemory: admission stops there, not an error
+            if "OOM" not in str(e) and "maxmemory" not in str(e):  # (redis-py's OutOfMemoryError drops "OOM")
+                self._failed(j, e)
+                return False
+            self._full[j] = True  # noeviction at maxmemory: admission stops there, not a fault
             return False
-        except redis.RedisError:
-            self._failed(j)
+        except redis.RedisError as e:
+            self._failed(j, e)
             return False
-        return int(done) == 1
+        if done == -2:
+            self._failed(j, self._meta_problem(), "meta")
+        return done == 1
+
+    def _meta_problem(self) -> str:
+        return (f"the meta hash {self.meta_key} is not coordl's (another type, or bytes/items that are not "
+                "integers: another program wrote it); nothing is written to this node until it is deleted")
 
     # -- state --
     def stats(self) -> dict[str, int]:
         """This server's node: cache_bytes and cache_items of this dataset, cache_capacity, the node's
         used memory and maxmemory, and how many nodes this process is skipping now."""
         j = self.node_rank
-        now = time.monotonic()
         cap = self.capacity_per_node or self._maxmemory[j]
         out = {"cache_bytes": 0, "cache_items": 0, "cache_capacity": cap, "node_used_memory": 0,
-               "node_maxmemory": self._maxmemory[j],
-               "nodes_down": sum(not self._usable(k, now) for k in range(len(self.nodes)))}
-        if self._salts is None or not self._usable(j, now):
-            return out
+               "node_maxmemory": self._maxmemory[j]}
+        if self._salts is not None and self._usable(j):
+            out.update(self._node_stats(j))
+        return {**out, "nodes_down": self._health.nodes_down(), "node_faults": self._health.faults()}
+
+    def _node_stats(self, j: int) -> dict[str, int]:
         redis = redisnode.redis_module()
         try:
             client = self._client(j)
             nbytes, nitems = client.hmget(self.meta_key, "bytes", "items")
             mem = client.info("memory")
-        except redis.RedisError:
-            self._failed(j)
-            return out
-        out.update(cache_bytes=int(nbytes or 0), cache_items=int(nitems or 0),
-                   node_used_memory=int(mem.get("used_memory", 0)), node_maxmemory=int(mem.get("maxmemory", 0)))
-        return out
+        except redis.RedisError as e:
+            self._failed(j, e)
+            return {}
+        try:
+            return {"cache_bytes": int(nbytes or 0), "cache_items": int(nitems or 0),
+                    "node_used_memory": int(mem.get("used_memory", 0)),
+                    "node_maxmemory": int(mem.get("maxmemory", 0))}
+        except ValueError:
+            self._failed(j, self._meta_problem(), "meta")
+            return {}
 
     def drop(self) -> int:
         """Delete this dataset's keys (and only those) from every node that answers; keys deleted."""
@@ -354,8 +405,8 @@ class PartitionedCache:
                         batch = []
                 if batch:
                     deleted += client.unlink(*batch)
-            except redis.RedisError:
-                self._failed(j)
+            except redis.RedisError as e:
+                self._failed(j, e)
         return deleted
 
     def close(self) -> None:
@@ -368,16 +419,19 @@ class PartitionedCache:
         self._pool = None
 
     def __getstate__(self) -> dict:
-        """Spawned workers get the configuration (URLs, which may carry the password) by pickle."""
+        """Spawned workers get the configuration (URLs, which may carry the password) by pickle, and
+        the node health table's fd while multiprocessing starts them (cache/nodehealth.py)."""
         return {"nodes": self.nodes, "node_rank": self.node_rank, "capacity_per_node": self.capacity_per_node,
                 "timeout": self.timeout, "retry_after": self.retry_after, "fingerprint": self.fingerprint,
-                "n": self._n, "label": self._label, "maxmemory": self._maxmemory}
+                "n": self._n, "label": self._label, "maxmemory": self._maxmemory,
+                "health": self._health.state()}
 
     def __setstate__(self, state: dict) -> None:
         PartitionedCache.__init__(self, state["nodes"], state["node_rank"],
                                   capacity_per_node=state["capacity_per_node"], timeout=state["timeout"],
                                   retry_after=state["retry_after"], _check=False)
         self._maxmemory = list(state["maxmemory"])
+        self._health = nodehealth.NodeHealth.from_state(len(self.nodes), state.get("health"))
         if state["fingerprint"] is not None:
             self.open(state["fingerprint"], state["n"], state["label"])
 
@@ -397,9 +451,18 @@ def _check_nodes(nodes: Sequence[str]) -> list[str]:
             raise ConfigError(f"nodes entry {url!r} is not a Redis URL: use redis://[:password@]host:port/db, "
                               "rediss://... (TLS) or unix:///path/to/redis.sock")
         out.append(url)
-    names = [redisnode.node_name(u) for u in out]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"nodes= lists the same node twice: {[redisnode.redact(u) for u in out]}")
+    seen: dict[str, str] = {}
+    for url in out:
+        try:
+            name = redisnode.node_name(url)
+        except ValueError as e:
+            raise ConfigError(f"nodes entry {redisnode.redact(url)!r} is not a valid Redis URL ({e}): use "
+                              "redis://[:password@]host:port/db") from None
+        if name in seen:
+            raise ConfigError(f"nodes= lists the same node twice: {redisnode.redact(seen[name])!r} and "
+                              f"{redisnode.redact(url)!r} are both {name} (host, port and db): list each "
+                              "server's node once")
+        seen[name] = url
     return out
 
 

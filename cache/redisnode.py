@@ -34,6 +34,7 @@ import ipaddress
 import os
 import subprocess
 import time
+import urllib.parse
 from typing import Any
 
 from coordl.errors import CacheError, ConfigError
@@ -165,21 +166,47 @@ def redact(url: str) -> str:
 
 
 def node_name(url: str) -> str:
-    """A node's identity for placement: its URL without scheme, user or password."""
-    rest = url.partition("://")[2] or url
-    rest = rest.split("@", 1)[-1]
-    return rest.split("?", 1)[0].rstrip("/")
+    """A node's identity, for placement and for refusing one node listed twice: ``host:port/db``
+    for TCP (host in lower case without a trailing dot, ``localhost`` as 127.0.0.1, an IP address
+    in its canonical form; port 6379 and db 0 when the URL gives none) and ``unix:PATH/db`` for a
+    socket (the path normalised); never the scheme, user or password. Raises ValueError (the reason)
+    for a port or db that is not a number."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port  # ValueError: "Port could not be cast to integer value as 'x'"
+    dbs = [parts.path.strip("/")] if parts.scheme != "unix" else []
+    dbs += urllib.parse.parse_qs(parts.query).get("db", [])
+    db = next((d for d in dbs if d), "0")
+    if not db.isdigit():
+        raise ValueError(f"db {db!r} is not a number (the URL's path /N or ?db=N)")
+    if parts.scheme == "unix":
+        return f"unix:{os.path.normpath(parts.path)}/{int(db)}"
+    host = (parts.hostname or "").rstrip(".")
+    host = "127.0.0.1" if host == "localhost" else host
+    try:
+        host = ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass
+    return f"{f'[{host}]' if ':' in host else host}:{port or 6379}/{int(db)}"
 
 
 def read_info(client) -> dict[str, Any]:
-    """INFO server+memory, as a dict."""
+    """INFO server+memory+replication, as a dict."""
     info = dict(client.info("server"))
     info.update(client.info("memory"))
+    info.update(client.info("replication"))
     return info
 
 
 def check_server(url: str, info: dict[str, Any], capacity: int | None) -> None:
-    """Refuse a server whose policy would evict coordl's items, or that has no memory limit at all."""
+    """Refuse a server that is a replica (it refuses writes), whose policy would evict coordl's items,
+    or that has no memory limit at all. Checked at construction and at every (re)connection."""
+    role = str(info.get("role", "master"))
+    if role != "master":
+        primary = f" of {info.get('master_host', '?')}:{info.get('master_port', '?')}" if "master_host" in info else ""
+        raise ConfigError(
+            f"Redis at {redact(url)} is a read-only replica (role:{role}{primary}): it refuses every write "
+            "(\"You can't write against a read only replica\"). Make it a primary again with "
+            "REPLICAOF NO ONE, or list a primary (a node from `coordl cache-node start`)")
     policy = str(info.get("maxmemory_policy", "?"))
     if policy not in SAFE_POLICIES:
         raise ConfigError(
@@ -195,14 +222,28 @@ def check_server(url: str, info: dict[str, Any], capacity: int | None) -> None:
 
 def datasets(client) -> dict[str, dict[str, str]]:
     """fingerprint prefix -> its meta hash (items, bytes, n_items, label, capacity) on this node.
-    Reads only keys under ``coordl:*:meta`` (SCAN, never KEYS)."""
+    Reads only keys under ``coordl:*:meta`` (SCAN, never KEYS).
+    A meta key that is not a hash, or whose items/bytes/n_items/capacity are not integers, is listed
+    with a 'problem' entry (what is wrong and the fix) and without the bad fields."""
     out = {}
     for key in client.scan_iter(match=f"{KEY_PREFIX}*{META_SUFFIX}", count=1000):
-        key = key.decode() if isinstance(key, bytes) else key
+        key = key.decode(errors="replace") if isinstance(key, bytes) else key
         fp = key[len(KEY_PREFIX):-len(META_SUFFIX)]
-        meta = client.hgetall(key)
-        out[fp] = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                   for k, v in meta.items()}
+        fix = f"delete it (DEL {key}, or PartitionedCache.drop()): coordl rebuilds it as items are cached"
+        kind = client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind == "none":  # deleted since the SCAN
+            continue
+        if kind != "hash":
+            out[fp] = {"problem": f"{key} is a {kind}, not coordl's hash: {fix}"}
+            continue
+        meta = {(k.decode(errors="replace") if isinstance(k, bytes) else k):
+                (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in client.hgetall(key).items()}
+        bad = [f for f in ("items", "bytes", "n_items", "capacity") if f in meta and not meta[f].isdigit()]
+        if bad:
+            meta = {k: v for k, v in meta.items() if k not in bad}
+            meta["problem"] = f"{key} holds {', '.join(bad)} that are not integers: {fix}"
+        out[fp] = meta
     return out
 
 

@@ -190,7 +190,8 @@ def test_pickled_state_carries_no_connection(redis_nodes):
     cache = _cache([redis_nodes()])
     state = cache.__getstate__()
     assert set(state) == {"nodes", "node_rank", "capacity_per_node", "timeout", "retry_after",
-                          "fingerprint", "n", "label", "maxmemory"}
+                          "fingerprint", "n", "label", "maxmemory", "health"}
+    assert state["health"] is None          # the health table's fd crosses only while a process starts
 
 
 def test_policies_that_evict_are_refused(redis_nodes):
