@@ -168,6 +168,14 @@ def _detach(daemon) -> None:
         os._exit(code)
 
 
+def _jobs_and_others(st: dict) -> str:
+    """'N jobs attached, M other connections' (this status request's own not counted)."""
+    jobs = len(st["jobs"])
+    others = st["connections"] - jobs
+    return (f"{jobs} job{'' if jobs == 1 else 's'} attached, {others} other "
+            f"connection{'' if others == 1 else 's'}")
+
+
 @click.command("status")
 @click.option("--socket", "socket_path", default=None, help=_SOCKET_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
@@ -192,16 +200,17 @@ def status_cmd(socket_path, as_json):
                f"  prep       {len(st['workers'])} workers, backend {_backend(SimpleNamespace(**st))}, "
                f"{st['images_per_s']:.0f} images/s, "
                f"{st['produced_batches']} batches, {st['decodes']} decodes\n"
-               f"  clients    {st['connections']} connections (limit {st['max_connections']})"
+               f"  clients    {_jobs_and_others(st)} (limit {st['max_connections']} connections)"
                + (f"; holding the first batch for jobs still joining (--join-window "
                   f"{st['join_window']:g} s, --min-jobs {st['min_jobs']})" if st["gathering"] else ""))
     if not st["jobs"]:
         click.echo("  jobs       none attached")
     for j in st["jobs"]:
-        count = f"/{j['epochs']}" if j["epochs"] else ""
-        where = (f"its epoch {j['job_epoch'] + 1}{count} (daemon epoch {j['epoch']}) batch "
-                 f"{j['batch']}/{j['batches_per_epoch']}" if j["epoch"] is not None else
-                 f"between epochs (its first: daemon epoch {j['start_epoch']})")
+        # every epoch number is the daemon's, from 0, as the job's loader.epoch reads it
+        mine = (f"its epochs {j['start_epoch']}-{j['start_epoch'] + j['epochs'] - 1}" if j["epochs"]
+                else f"its epochs {j['start_epoch']} on")
+        where = (f"epoch {j['epoch']} ({mine}), {j['batch']} of {j['batches_per_epoch']} batches "
+                 f"handed out" if j["epoch"] is not None else f"between epochs ({mine})")
         click.echo(f"  job {j['job']:<4}  pid {j['pid']:<8} {where}, holds {len(j['holding'])}, "
                    f"{'waiting' if j['waiting'] else 'working'}, idle {j['idle_s']:.1f} s, "
                    f"{j['batches']} batches")

@@ -205,7 +205,7 @@ class Daemon:
             if conn.job is not None:
                 self._send(conn, p.ShuttingDown(f"the coordinator (pid {os.getpid()}) is shutting "
                                                 f"down: {reason}"))
-            self._close(conn, None)
+            self._close(conn, f"the daemon shut down: {reason}")
         if self.listener is not None:
             self.listener.close()
             try:
@@ -275,6 +275,9 @@ class Daemon:
                 self.sel.register(worker.sock, selectors.EVENT_READ, self._on_worker)
 
     def _on_worker(self, sock, _events) -> None:
+        if self._signal:  # told to stop: an EOF now is the shutdown reaching the workers, not a
+            self.stop(f"received {signal.Signals(self._signal).name}")  # death to repair
+            return
         try:
             finished = self.pool.on_readable(sock.fileno())
         except p.ProtocolError as e:  # our own child sent garbage: a bug, but do not hang
@@ -390,7 +393,7 @@ class Daemon:
         if isinstance(msg, p.Status):
             if conn.job is None:
                 conn.deadline = now + self.config.hello_timeout
-            self._send(conn, p.StatusReply(self.status()))
+            self._send(conn, p.StatusReply(self.status(asking=conn)))
         elif isinstance(msg, p.Hello):
             self._hello(conn, msg, now)
         elif isinstance(msg, p.Bye):
@@ -478,8 +481,12 @@ class Daemon:
         conn.sock.close()
 
     # -- status --
-    def status(self) -> dict:
+    def status(self, asking: _Conn | None = None) -> dict:
+        """The daemon's state (`coordl status`). `asking`, the connection the request came on, is
+        not counted among the connections unless it is an attached job: `coordl status` (and
+        `Client.status`, over a connection of its own) must not count itself."""
         now = time.monotonic()
+        others = [c for c in self.conns.values() if c is not asking or c.job is not None]
         window = [s for s in self._rate if now - s[0] <= 10.0] or [self._rate[-1]]
         (t0, n0), (t1, n1) = window[0], (now, self.produced_images)
         counters = {k: int(v) for k, v in self.pool.counters.items()} if self.pool else {}
@@ -498,7 +505,9 @@ class Daemon:
             "occupancy": self.slots.counts(), "next_batch": self.scheduler.next_batch,
             "started": self.scheduler.started, "min_jobs": self.config.min_jobs,
             "gathering": self.scheduler.gathering, "join_window": self.config.join_window,
-            "connections": len(self.conns), "max_connections": _MAX_CONNECTIONS,
+            "connections": len(others),  # open, the asker's own excluded; jobs are among them
+            "jobs_attached": sum(c.job is not None for c in others),
+            "max_connections": _MAX_CONNECTIONS,
             "hello_timeout": self.config.hello_timeout,
             "produced_batches": self.produced_batches, "produced_images": self.produced_images,
             "decodes": counters.get("decodes", 0), "counters": counters,

@@ -27,8 +27,9 @@ NOTE (lifecycle of a prep worker):
   first task and gone with the process (os._exit); the daemon never builds one;
 - exits when its socket reaches EOF (the daemon closed it, or died);
   prctl(PR_SET_PDEATHSIG, SIGKILL) also kills it if the daemon dies by
-  SIGKILL while it is decoding. It ignores SIGINT (Ctrl-C in the daemon's
-  terminal reaches the whole process group; the daemon decides);
+  SIGKILL while it is decoding. It ignores SIGINT and SIGTERM (Ctrl-C in the
+  daemon's terminal, systemd's stop or `kill -- -PGID` reach the whole process
+  group; the daemon decides, so a shutdown is never mistaken for a death);
 - on SIGKILL of a worker, the daemon sees EOF, reaps it, forks a new one and
   gives its unfinished chunks to the workers again; a chunk on which a second
   worker dies fails its batch (the holders get BatchFailed: a file that
@@ -177,8 +178,8 @@ def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: in
     try:
         _die_with_parent(parent)
         signal.set_wakeup_fd(-1)  # the daemon's wake-up socket is not ours (and is closed here)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # the daemon decides: it closes our
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # socket (EOF) when it shuts down
         counters = dataset.counters
         rows_of = row_maker(backend, dataset, plan.batch_size, dali_device)  # after fork: DALI's threads
         reader = p.FrameReader(p.TO_WORKER, p.MAX_REQUEST)

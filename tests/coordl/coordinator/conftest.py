@@ -63,11 +63,13 @@ def serve(sockdir):
 
     Options are `coordl serve` flags (min_jobs=2 -> --min-jobs 2, True -> a bare flag). The join
     window is 0 unless a test asks for one (join_window=None: the daemon's default). `program`
-    replaces the `coordl` command (argv before "serve")."""
+    replaces the `coordl` command (argv before "serve"); `new_session=True` starts it in a
+    process group of its own (a test may then signal the whole group, as systemd or a shell's
+    `kill -- -PGID` does)."""
     started: list[Served] = []
 
     def start(root: str, batch_size: int = 4, size: int = 32, name: str = "s.sock",
-              program: list[str] | None = None, **options) -> Served:
+              program: list[str] | None = None, new_session: bool = False, **options) -> Served:
         sock = os.path.join(sockdir, name)
         log = os.path.join(sockdir, name + ".err")
         argv = [*(program or [COORDL]), "serve", "--data", root, "--batch-size", str(batch_size), "--size", str(size),
@@ -79,7 +81,8 @@ def serve(sockdir):
             flag = f"--{key.replace('_', '-')}"
             argv += [flag] if value is True else [flag, str(value)]
         with open(log, "w") as err:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
+                                    start_new_session=new_session)
         ready, _, _ = select.select([proc.stdout], [], [], 60)
         line = proc.stdout.readline() if ready else ""
         if "listening" not in line:

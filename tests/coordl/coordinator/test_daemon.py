@@ -144,6 +144,24 @@ def test_sigterm_or_sigint_shuts_down_cleanly_and_tells_the_jobs(tiny_root, serv
     assert alive(served.workers) == []
 
 
+def test_sigterm_to_the_whole_process_group_is_a_shutdown_not_a_worker_death(tiny_root, serve, jobs):
+    # systemd, `kill -- -PGID` and a detached daemon's session get SIGTERM to every process of
+    # the group, prep workers included: the daemon decides, no worker is reported dead or replaced
+    served = serve(tiny_root, slots=3, new_session=True)
+    job = jobs(tiny_root, served, epochs=1000, sleep=0.02)
+    job.wait_for("batch 0 1")
+    for pid in served.workers:  # the order a group signal may reach them in: workers first
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)  # the kernel delivers at once; this is only the daemon's chance to misread EOF
+    os.killpg(served.pid, signal.SIGTERM)
+    assert served.proc.wait(30) == 0
+    log = served.log_text()
+    assert "shutting down: received SIGTERM" in log
+    assert "died" not in log and "starting a new one" not in log, log
+    assert "shutting down" in job.result(timeout=20)["error"]
+    assert served.segments_left() == [] and alive(served.workers) == []
+
+
 def test_socket_segment_and_folder_are_private(tiny_root, serve):
     served = serve(tiny_root)
     assert stat.S_IMODE(os.stat(served.socket).st_mode) == 0o600
@@ -169,9 +187,29 @@ def test_status_command_shows_jobs_ring_and_rate(tiny_root, serve, jobs):
                          text=True, check=True).stdout
     assert f"coordinator pid {served.pid}" in out
     assert "ring       3 slots" in out and "images/s" in out and "backend cpu," in out
-    assert re.search(r"job 1 +pid \d+ +(its epoch \d+ \(daemon epoch \d+\) batch \d+/10|"
-                     r"between epochs .*), holds", out), out
+    assert re.search(r"job 1 +pid \d+ +(epoch 0 \(its epochs 0 on\), \d+ of 10 batches handed out|"
+                     r"between epochs \(its epochs 0 on\)), holds", out), out
+    assert "clients    1 job attached, 0 other connections (limit" in out  # not itself
+    assert served.status()["connections"] == 1  # the job; this request's connection not counted
     job.proc.kill()
+
+
+def test_status_numbers_epochs_as_the_job_does(tiny_root, serve, jobs, tmp_path):
+    # the job holds inside its second epoch: the daemon's epoch 1, loader.epoch == 1 in the job
+    served = serve(tiny_root, epochs=2, slots=3)
+    hold = str(tmp_path / "hold")
+    os.mkfifo(hold)
+    job = jobs(tiny_root, served, hold_at="1 3", hold=hold)
+    job.wait_for("batch 1 3")
+    out = subprocess.run([COORDL, "status", "--socket", served.socket], capture_output=True,
+                         text=True, check=True).stdout
+    assert re.search(r"job 1 +pid \d+ +epoch 1 \(its epochs 0-1\), (4|5) of 10 batches handed out, ",
+                     out), out
+    assert "daemon epoch" not in out and "its epoch 2" not in out  # one numbering, from 0
+    with open(hold, "w") as fifo:
+        fifo.write("go\n")
+    assert job.result()["error"] is None
+    assert served.wait() == 0
 
 
 def test_detach_runs_in_the_background(tiny_root, sockdir):
