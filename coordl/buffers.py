@@ -46,6 +46,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import sys
 import threading
 
 import numpy as np
@@ -196,7 +197,15 @@ class Lender:
         held = {pid for _s, _f, pid in self._mapped.values()}  # a dead worker's buffers still in use
         self._pids = {pid: start for pid, start in self._pids.items() if pid not in dead or pid in held}
 
-    def sweep(self) -> None:
+    def sweep(self, _finalizing=sys.is_finalizing) -> None:
+        """Free what nothing uses and drop the handles of dead workers' buffers.
+
+        Not at interpreter shutdown: a loader's iterator collected then (torch's
+        ``__del__`` shuts its workers down, coordl's iterator then sweeps) would find the
+        builtins already gone (``open``, ``list``: NameError), and the process's handles go
+        with it anyway. `_finalizing` is bound at import for the same reason."""
+        if _finalizing():
+            return
         with self._lock:
             self._release_unused()
             self._sweep()

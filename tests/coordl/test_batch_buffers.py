@@ -11,6 +11,9 @@ cannot reuse any buffer.
 import gc
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -192,3 +195,30 @@ def test_the_lender_drops_a_dead_workers_buffer_even_if_its_pid_was_reused():
     reused._pids[pid] = start - 1  # what a worker that died, and whose pid was reused, leaves
     reused.sweep()
     assert len(reused) == 0 and reused._pids == {}
+
+
+_KEEPS_VIEWS_AT_EXIT = textwrap.dedent("""
+    import sys
+    import coordl
+
+    ds = coordl.ImageFolder(sys.argv[1], transform="train", size=24)
+    loader = coordl.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    kept = []
+    for epoch in range(2):
+        for x, y in loader:
+            kept.append(x[:1])                  # views into the workers' batch buffers
+    it = iter(loader)
+    kept.append(next(it)[0])                    # an epoch left unfinished
+    cycle = {"loader": loader, "it": it, "kept": kept}
+    cycle["self"] = cycle                       # collected only at interpreter shutdown
+    print("kept", len(kept))
+""")
+
+
+def test_exit_with_persistent_workers_and_kept_views_prints_no_ignored_exception(tiny_root, tmp_path):
+    script = tmp_path / "keeps_views.py"
+    script.write_text(_KEEPS_VIEWS_AT_EXIT)
+    proc = subprocess.run([sys.executable, str(script), tiny_root], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "kept 21", proc.stderr[-2000:]
+    assert "Exception ignored" not in proc.stderr and "Error" not in proc.stderr, proc.stderr[-2000:]
