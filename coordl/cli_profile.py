@@ -26,7 +26,9 @@ data loading, not the model, can be the bottleneck. resnet18 is the real thing
 
 Each measurement runs 2 warm-up steps and --steps timed steps on distinct items,
 so the dataset needs (steps + 2) x batch-size items. Temporary caches (in
-/dev/shm) are removed on every exit, Ctrl-C included.
+/dev/shm) are removed on every exit: Ctrl-C, SIGTERM and SIGHUP (a closed
+terminal) included. Every argument, and the folders of --json and --plot, are
+checked before anything is measured.
 """
 
 
@@ -54,11 +56,65 @@ def _cache_bytes(value: str) -> int:
         return 0
     from .caching import parse_size
 
-    return parse_size(value, "--cache-bytes")
+    return parse_size(value, "--cache")
+
+
+_FIXES = {
+    "--batch-size": "pass e.g. --batch-size 64",
+    "--workers": "pass e.g. --workers 2 (the loader workers of the run being profiled)",
+    "--steps": "pass e.g. --steps 10",
+    "--repeats": "pass 1, or 3 on a busy machine",
+    "--threads": "pass e.g. --threads 1, or leave it out (cores minus --workers, at least 1)",
+}
+
+
+def check_counts(**flags: int | None) -> None:
+    """Each flag (``batch_size=64`` for --batch-size) an int >= 1, or None where it may be left out."""
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None and key == "threads":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{flag}={value!r} must be an int >= 1: {_FIXES[flag]}")
+
+
+def check_output(flag: str, path: str | None) -> None:
+    """Refuse, before the run, an output path whose folder is missing, not a folder or not
+    writable, or that is itself a folder: the profile's result would be lost after the run."""
+    if path is None:
+        return
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path}: is a folder: pass a file name, e.g. {flag} "
+                          f"{os.path.join(path, 'profile' + ('.png' if flag == '--plot' else '.json'))}")
+    if not os.path.exists(folder):
+        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist: create it "
+                          f"(mkdir -p {folder}) or pass a path in an existing folder")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {path}: {folder} is not a folder: pass a path in a folder")
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{flag} {path}: not writable by this user: pass a path in a folder you may "
+                          "write to")
 
 
 def _raise_exit(signum, _frame) -> None:
     raise SystemExit(128 + signum)
+
+
+def _exit_cleanly_on_signals() -> None:
+    """SIGTERM and SIGHUP (a closed terminal) raise SystemExit, so the profile's `finally` drops
+    its temporary caches as on Ctrl-C. A signal that is ignored (nohup) stays ignored."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _raise_exit)
+
+
+def _write(flag: str, path: str, write) -> None:
+    try:
+        write()
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: could not be written ({e.strerror or e}): the table above "
+                          "holds the result; pass another path to keep a file") from None
 
 
 @click.command("profile", help=_HELP)
@@ -73,12 +129,13 @@ def _raise_exit(signum, _frame) -> None:
 @click.option("--workers", type=int, default=2, show_default=True,
               help="Loader workers of the profiled run (prep is measured at 1..W).")
 @click.option("--steps", type=int, default=10, show_default=True, help="Timed steps per measurement.")
-@click.option("--cache-bytes", default="0", show_default=True,
-              help="MinIO cache of the profiled run: bytes or a size ('50MiB'); 0: none.")
+@click.option("--cache", "--cache-bytes", "cache_bytes", default="0", show_default=True,
+              help="MinIO cache of the profiled run: bytes or a size ('50MiB'); 0: none. "
+                   "(--cache-bytes: the old name, kept.)")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--threads", type=int, default=None, help="torch threads of the training process (cpu).")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write JSON here.")
-@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_out", default=None, help="Write JSON here (its folder must exist).")
+@click.option("--plot", "plot_out", default=None,
               help="Write a PNG of the what-if curves here (needs matplotlib: pip install coordl[profile]).")
 @click.option("--validate", is_flag=True, help="Measure two predictions (another cache size, "
                                                "another worker count) and report the error.")
@@ -87,20 +144,25 @@ def _raise_exit(signum, _frame) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_bytes, device, threads,
                 json_out, plot_out, validate, repeats, seed):
+    if model_name and train_step:
+        raise ConfigError("pass --model or --train-step, not both")
+    check_counts(batch_size=batch_size, workers=workers, steps=steps, repeats=repeats, threads=threads)
+    check_output("--json", json_out)
+    check_output("--plot", plot_out)
+    if json_out and plot_out and os.path.abspath(json_out) == os.path.abspath(plot_out):
+        raise ConfigError(f"--json and --plot are both {json_out}: pass two different paths")
+    nbytes = _cache_bytes(cache_bytes)
+
     import torch
 
     import coordl
     from coordl.profiler import models, profile
-
-    if model_name and train_step:
-        raise ConfigError("pass --model or --train-step, not both")
     if plot_out:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ConfigError("--plot needs matplotlib: pip install 'coordl[profile]' (or matplotlib), "
                               "or leave out --plot") from None
-    nbytes = _cache_bytes(cache_bytes)
     ds = coordl.ImageFolder(data, transform="train", seed=seed)
     if device == "cpu":
         torch.set_num_threads(threads or max(1, len(os.sched_getaffinity(0)) - max(workers, 0)))
@@ -114,7 +176,7 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
             raise ConfigError("--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is "
                               "False): pass --device cpu, or run on a machine with a GPU")
         step = models.train_step_for(models.build(label, len(ds.classes)), device)
-    signal.signal(signal.SIGTERM, _raise_exit)
+    _exit_cleanly_on_signals()
     try:
         result = profile(step, ds, batch_size=batch_size, num_workers=workers, steps=steps,
                          cache_bytes=nbytes, device=device, validate=validate, repeats=repeats, seed=seed,
@@ -124,9 +186,11 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
         sys.exit(130)
     click.echo(result.table())
     if json_out:
-        with open(json_out, "w") as f:
-            f.write(result.to_json())
+        def write_json() -> None:
+            with open(json_out, "w") as f:
+                f.write(result.to_json())
+        _write("--json", json_out, write_json)
         click.echo(f"wrote {json_out}")
     if plot_out:
-        result.plot(plot_out)
+        _write("--plot", plot_out, lambda: result.plot(plot_out))
         click.echo(f"wrote {plot_out}")

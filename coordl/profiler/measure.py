@@ -4,13 +4,21 @@
   memory, or a loader); warm-up steps are excluded from the timing, and on a
   CUDA device `torch.cuda.synchronize()` closes the warm-up and the run.
 - `loader_rate`: a `coordl.DataLoader` over a given list of items, with or
-  without the train step. The workers' CPU per sample is their CPU over the
-  timed steps (``/proc/<pid>/stat`` of the live workers) over the items they
-  decoded meanwhile (the loader's live ``decodes`` counter), so that neither
-  their start (copy-on-write faults of a forked training process: over whole
-  runs, ``RUSAGE_CHILDREN`` put it 1-12% higher here) nor batches prefetched
-  before the timing began count. ``RUSAGE_CHILDREN`` over the whole run is the
-  fallback where /proc is not.
+  without the train step. The workers' CPU per sample is their CPU from the
+  first batch to the last (each live worker's process CPU clock, ns; else
+  ``/proc/<pid>/stat`` in clock ticks) over the items they decoded meanwhile
+  (the loader's live ``decodes`` counter), so that their start (copy-on-write
+  faults of a forked training process: over whole runs, ``RUSAGE_CHILDREN``
+  put it 1-12% higher here) does not count. Not from the end of the warm-up:
+  the workers prefetch, and with few timed steps they had decoded most or all
+  items by then, so a handful of decodes (or none, and the whole-run fallback)
+  carried the clock-tick error: 2.66 ms an item where 1.3 ms was true, and
+  "cores busy" above the machine's cores. ``RUSAGE_CHILDREN`` over the whole
+  run is the fallback where neither clock can be read.
+- cores busy: the CPU seconds of the training process and its workers over
+  the timed steps over the timed seconds, both read inside the timed interval,
+  so it never exceeds the cores (a per-sample CPU times the rate did, when the
+  per-sample CPU was off).
 - `storage_bandwidth`: cold reads of whole files by 1..W threads; the files'
   pages are dropped before (``posix_fadvise(DONTNEED)``, no root needed) and
   after each read. `read_latency`: single cold reads, spaced out.
@@ -43,14 +51,17 @@ class TrainStepError(ConfigError):
 @dataclass(frozen=True)
 class Timed:
     """One measured run: `samples` in `seconds` (warm-up excluded); CPU seconds of this process
-    over the timed steps, and of its reaped children (loader workers) over the whole run,
-    per sample; `stats` are the loader's counters (empty without a loader)."""
+    over the timed steps per sample, and of the loader workers per item they decoded (see the
+    module doc); `stats` are the loader's counters (empty without a loader); `cores_busy`: CPU
+    seconds of this process and its workers over the timed steps per timed second (nan where
+    the workers' CPU could not be read)."""
 
     samples: int
     seconds: float
     cpu_self: float
     cpu_children: float
     stats: dict
+    cores_busy: float = math.nan
 
     @property
     def rate(self) -> float:
@@ -97,22 +108,37 @@ def _call(train_step: Callable, batch, first: bool):
     return out
 
 
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds so far of process `pid` (every thread): its process CPU clock (Linux
+    ``clock_getcpuclockid``: ``(~pid << 3) | 2``, ns), else ``/proc/<pid>/stat`` (clock ticks);
+    None where neither can be read (the process is gone, or no /proc)."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except (OSError, OverflowError, AttributeError):
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (14, 15)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def workers_cpu(it, counters: Callable[[], dict] | None = None) -> tuple[float, int] | None:
     """(CPU seconds so far of the live worker processes of loader iterator `it` (torch's
-    ``_workers``; /proc/<pid>/stat, every thread), items decoded so far by `counters()`'s
-    ``decodes``, 0 without it); None where the CPU cannot be read."""
+    ``_workers``; `process_cpu`), items decoded so far by `counters()`'s ``decodes``, 0
+    without it); None where the CPU cannot be read."""
     workers = getattr(it, "_workers", None)
     if not workers:
         return None
-    total = 0
+    total = 0.0
     for p in workers:
-        try:
-            with open(f"/proc/{p.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, ValueError, AttributeError):
+        pid = getattr(p, "pid", None)
+        cpu = process_cpu(pid) if pid else None
+        if cpu is None:
             return None
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15), clock ticks
-    return total / os.sysconf("SC_CLK_TCK"), (counters()["decodes"] if counters is not None else 0)
+        total += cpu
+    return total, (counters()["decodes"] if counters is not None else 0)
 
 
 def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, steps: int,
@@ -120,16 +146,22 @@ def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, step
                children: Callable[[], tuple[float, int] | None] | None = None) -> Timed:
     """Time `steps` batches after `warmup` of them; `train_step` None: only take the batches.
     `children` ((CPU seconds of the loader's workers, items they prepared) so far, or None) is
-    read at both ends of the timed steps; the Timed's cpu_children is then CPU per item prepared
-    meanwhile (nan where it returned None or no item was prepared; 0 without `children`)."""
+    read when the first batch has come, at the start of the timed steps and at their end; the
+    Timed's cpu_children is then CPU per item prepared from the first batch on (nan where it
+    returned None or no item was prepared; 0 without `children`), and its cores_busy counts the
+    workers' CPU over the timed steps."""
     bar = tqdm(total=warmup + steps, desc=desc, leave=False, disable=not progress, unit="step")
-    t0 = c0 = w0 = w1 = None
+    t0 = c0 = w0 = w1 = first = None
     samples = k = 0
     try:
         for k, batch in enumerate(batches):
+            if k == 0 and children is not None:
+                first = children()
             if k == warmup:
                 sync()
-                t0, c0 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+                # the wall clock first, the CPU clocks after: the CPU interval lies inside the wall one
+                t0 = time.perf_counter()
+                c0 = time.process_time()  # ns, every thread (getrusage's split can lag by a tick)
                 w0 = children() if children is not None else None
             if train_step is not None:
                 _call(train_step, batch, first=k == 0)
@@ -139,19 +171,22 @@ def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, step
             if k + 1 == warmup + steps:
                 break
         sync()
-        t1, c1 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+        c1 = time.process_time()
         w1 = children() if children is not None and t0 is not None else None
+        t1 = time.perf_counter()
     finally:
         bar.close()
     if t0 is None or k + 1 < warmup + steps:
         raise ConfigError(f"{desc}: only {k + 1} batches came, {warmup + steps} were needed: "
                           "pass a smaller --steps or --batch-size")
+    busy = (c1 - c0) / (t1 - t0)
     if children is None:
         workers = 0.0
     else:  # nan: the workers' CPU could not be read (loader_rate falls back to RUSAGE_CHILDREN)
-        done = w1[1] - w0[1] if w0 is not None and w1 is not None else 0
-        workers = (w1[0] - w0[0]) / done if done > 0 else math.nan
-    return Timed(samples, t1 - t0, (c1 - c0) / samples, workers, {})
+        done = w1[1] - first[1] if first is not None and w1 is not None else 0
+        workers = (w1[0] - first[0]) / done if done > 0 else math.nan
+        busy = busy + (w1[0] - w0[0]) / (t1 - t0) if w0 is not None and w1 is not None else math.nan
+    return Timed(samples, t1 - t0, (c1 - c0) / samples, workers, {}, busy)
 
 
 def synthetic_batches(sample_shape: Sequence[int], num_classes: int, batch_size: int,
@@ -194,7 +229,7 @@ def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache,
         del it
     children = timed.cpu_children if not math.isnan(timed.cpu_children) else \
         (_cpu(resource.RUSAGE_CHILDREN) - children0) / len(items)
-    return Timed(timed.samples, timed.seconds, timed.cpu_self, children, loader.stats())
+    return Timed(timed.samples, timed.seconds, timed.cpu_self, children, loader.stats(), timed.cores_busy)
 
 
 def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, float]:

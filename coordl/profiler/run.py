@@ -200,7 +200,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
         profiled_fraction=x0, validation=validation)
     result.measured.update(
         rounds={key: [t.rate for t in runs] for key, runs in rounds.items()},
-        cpu_cores_busy=(profiled.cpu_self + profiled.cpu_children) * profiled.rate,
+        cpu_cores_busy=profiled.cores_busy,
         max_rss_main_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         max_rss_worker_bytes=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
     return result

@@ -76,13 +76,36 @@ def test_cli_builtin_model_runs(tiny_root, tmp_path):
     (["--train-step", "mysteps:nothere"], "mysteps has no function 'nothere'"),
     (["--train-step", "nomodule:f"], "cannot import module 'nomodule'"),
     (["--steps", "50"], "pass steps <= 8 (--steps)"),
-    (["--cache-bytes", "lots"], "--cache-bytes='lots' is not a size"),
+    (["--cache", "lots"], "--cache='lots' is not a size"),
+    (["--cache-bytes", "lots"], "--cache='lots' is not a size"),  # the old name, an alias
+    (["--threads", "-3"], "--threads=-3 must be an int >= 1"),
+    (["--threads", "0"], "--threads=0 must be an int >= 1"),
+    (["--workers", "0"], "--workers=0 must be an int >= 1"),
+    (["--batch-size", "-1"], "--batch-size=-1 must be an int >= 1"),
+    (["--steps", "0"], "--steps=0 must be an int >= 1"),
+    (["--repeats", "0"], "--repeats=0 must be an int >= 1"),
+    (["--json", "nofolder/p.json"], "--json nofolder/p.json: the folder nofolder does not exist"),
+    (["--plot", "nofolder/p.png"], "--plot nofolder/p.png: the folder nofolder does not exist"),
+    (["--json", "mysteps.py/p.json"], "--json mysteps.py/p.json: mysteps.py is not a folder"),
+    (["--json", "."], "--json .: is a folder"),
+    (["--json", "same.out", "--plot", "same.out"], "--json and --plot are both same.out"),
 ])
 def test_cli_bad_input_says_what_to_change(tiny_root, steps_dir, args, message):
     p = run(["--data", tiny_root, "--batch-size", "4", "--workers", "1", "--steps", "1", *args], steps_dir)
     assert p.returncode == 2, p.stdout + p.stderr
     assert message in p.stderr
     assert "Traceback" not in p.stderr
+    if "--json" in args or "--plot" in args:  # refused before the run: nothing measured
+        assert "rates (samples/s" not in p.stdout and "ingestion" not in p.stderr
+
+
+def test_cli_cache_flag_and_its_old_name(tiny_root, steps_dir):
+    for flag in ("--cache", "--cache-bytes"):
+        out = steps_dir / f"c{flag}.json"
+        p = run(["--data", tiny_root, "--train-step", "mysteps:step", "--batch-size", "4", "--workers", "1",
+                 "--steps", "1", flag, "64KiB", "--json", str(out)], steps_dir)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(out.read_text())["settings"]["cache_bytes"] == 64 * 1024
 
 
 def test_cli_cuda_without_gpu(tiny_root, tmp_path):
@@ -93,14 +116,14 @@ def test_cli_cuda_without_gpu(tiny_root, tmp_path):
     assert p.returncode == 2 and "no CUDA GPU is visible" in p.stderr and "--device cpu" in p.stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_interrupt_removes_the_temporary_caches(tiny_root, steps_dir, sig):
     mark = steps_dir / "mark"
     env = {**os.environ, "MARK": str(mark)}
     # through a launcher that sets SIGINT and SIGTERM to their defaults first: a test run started in
     # the background of a script inherits SIGINT ignored, and Python then never raises
     # KeyboardInterrupt (Ctrl-C in a terminal always has the default)
-    launch = ("import os, signal, sys; [signal.signal(s, signal.SIG_DFL) for s in (2, 15)]; "
+    launch = ("import os, signal, sys; [signal.signal(s, signal.SIG_DFL) for s in (1, 2, 15)]; "
               "os.execv(sys.argv[1], sys.argv[1:])")
     proc = subprocess.Popen([sys.executable, "-c", launch, COORDL, "profile", "--data", tiny_root, "--train-step",
                              "mysteps:stall_in_cached_run", "--batch-size", "4", "--workers", "2", "--steps", "2"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import coordl
 from coordl.profiler import measure
 
@@ -31,13 +33,35 @@ def test_workers_cpu_reads_each_live_worker(tiny_root):
 
 
 def test_train_rate_per_sample_cpu_of_the_workers():
-    ticks = iter([(1.0, 8), (3.0, 24)])
+    # read when the first batch came, when the timing starts, when it ends
+    ticks = iter([(0.5, 4), (1.0, 8), (3.0, 24)])
     batches = [[None, list(range(4))]] * 5
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: next(ticks))
-    assert t.samples == 16 and t.cpu_children == 2.0 / 16  # per item prepared in the timed steps
+    # per item prepared from the first batch on (prefetching can leave few items to the timed steps)
+    assert t.samples == 16 and t.cpu_children == 2.5 / 20
+    assert t.cores_busy >= 2.0 / t.seconds  # the workers' CPU over the timed steps, and the main's
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: None)
     assert t.cpu_children != t.cpu_children  # nan: unknown
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: (1.0, 8))
     assert t.cpu_children != t.cpu_children  # no item prepared meanwhile: unknown
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False)
-    assert t.cpu_children == 0.0
+    assert t.cpu_children == 0.0 and t.cores_busy >= 0
+
+
+def test_process_cpu_reads_another_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+    p = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                          "while time.process_time() - t < 0.2: pass\nprint(1, flush=True)\ntime.sleep(30)"],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "1"
+        cpu = measure.process_cpu(p.pid)
+        assert cpu is not None and 0.2 <= cpu < 30  # its own CPU, not this process's
+        assert measure.process_cpu(os.getpid()) == pytest.approx(time.process_time(), abs=0.05)
+    finally:
+        p.kill()
+        p.wait()
+    assert measure.process_cpu(p.pid) is None  # gone

@@ -163,3 +163,20 @@ def test_repeats_keep_the_median_of_interleaved_rounds(ds):
     assert r.validation[1]["measured"] == sorted(rounds["validate1"])[1]
     with pytest.raises(ConfigError, match="repeats=0"):
         profile(tiny_step(), ds, batch_size=4, num_workers=1, steps=1, repeats=0, progress=False)
+
+
+def test_cores_busy_never_exceeds_the_cores(ds):
+    # more workers than cores and few timed steps: the workers had decoded most items before the
+    # timing began, which put the per-item CPU (and "cores busy", per-item CPU x rate) at 2.3 on 2 cores
+    import os
+    cores = len(os.sched_getaffinity(0))
+    r = profile(tiny_step(), ds, batch_size=4, num_workers=4, steps=2, progress=False)
+    m = r.measured
+    runs = [m["profiled"], m["ingestion"], *m["prep_alone_by_workers"], *m["prep_cold_by_workers"],
+            *m["train_cached_by_workers"]]
+    for run in runs:
+        assert 0 < run["cores_busy"] <= cores, run
+    assert 0 < m["cpu_cores_busy"] <= cores
+    # the workers' CPU per item is read from the first batch on: never nan, never the whole-run fallback
+    for run in runs[2:]:
+        assert 0 < run["cpu_s_per_sample_workers"] < 0.05, run
