@@ -80,7 +80,9 @@ def make_dataset_cmd(directory, images, classes, size, quality, seed, large_frac
 @click.option("--images", type=int, default=600, show_default=True)
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--workers", type=int, default=2, show_default=True)
-@click.option("--epochs", type=int, default=2, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed epochs per loader: interleaved rounds after one warm-up epoch each, "
+                   "as bench/loaders.py --repeats.")
 @click.option("--data", type=click.Path(), default=None,
               help="Use this ImageFolder instead of making a temporary one.")
 def demo(images, batch_size, workers, epochs, data):

@@ -114,11 +114,16 @@ def test_minio_vs_pagecache(root, tmp_path):
 def test_coordinator(root, tmp_path):
     r = _run("coordinator.py", "--data", root, "--ks", "1", "--computes", "0", "--epochs", "1", "--warmup", "1",
              "--rounds", "1", "--samples", "2", "--transport-rounds", "1", "--batch-size", str(BATCH),
-             "--workers", "1", "--slots", "4", "--delivery-modes", "coord-pin,coordl", "--transport-modes", "coord",
+             "--workers", "1", "--slots", "2", "--delivery-modes", "coord-pin,coordl", "--transport-modes", "coord",
              out=str(tmp_path / "coordinator"))
     res = r["json"]
     assert sorted(run["mode"] for run in res["runs"]) == ["coord", "coordl", "torch"]
-    assert all(run["images"] == IMAGES for run in res["runs"])  # one job, one measured epoch
+    runs = {run["mode"]: run for run in res["runs"]}
+    assert runs["torch"]["images"] == runs["coordl"]["images"] == IMAGES  # one job, one measured epoch
+    # the daemon filled its 2 slots with the measured epoch's first batches while the job waited at
+    # the barrier: received untimed, so only batches prepared inside the window are timed
+    assert runs["coord"]["untimed_batches"] == [2]
+    assert runs["coord"]["images"] == IMAGES - 2 * BATCH
     assert set(res["summary"]["0.0/1"]) >= {"coord", "torch", "coordl", "coord/torch", "coord/coordl"}
     assert sorted(res["delivery"]) == ["coord-pin", "coordl"]  # (each mode is one more job and daemon start)
     assert all(d["samples"] == 2 and d["shape"] == [BATCH, 3, 224, 224] for d in res["delivery"].values())
