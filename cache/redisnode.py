@@ -16,12 +16,17 @@ NOTE [lifecycle of a cache node]
 - Who starts: `coordl cache-node start` (daemonised: redis-server forks, writes
   its pid file ``coordl-cache-node-<port>.pid`` in ``--dir`` and outlives the
   command) or a test fixture (a foreground child it stops itself).
-- Who stops: `coordl cache-node stop` (SIGTERM to the pid in the pid file, after
-  checking /proc that it is a redis-server) or the fixture. Redis exits at once
-  on SIGTERM and writes nothing (no persistence); the pid file is removed.
-- SIGKILL of the server: its memory is freed by the kernel, the pid file stays
-  (stop and start recognise a dead pid and replace it); clients skip the node
-  (cache/partitioned.py) and read those items from storage.
+  `start` refuses a port something already listens on (naming it), and once
+  the node answers records its pid, start time and port in
+  ``coordl-cache-node-<port>.start`` (cache/nodeproc.py).
+- Who stops: `coordl cache-node stop` (SIGTERM, only to a pid that record proves:
+  same start time, a redis-server command line naming the port) or the fixture.
+  Redis exits at once on SIGTERM and writes nothing (no persistence); the pid
+  file and the record are removed.
+- SIGKILL of the server: its memory is freed by the kernel, the pid file and the
+  record stay; the pid may be reused by any process, which the start time tells
+  apart: stop signals nothing then, start starts a new node. Clients skip the
+  node (cache/partitioned.py) and read those items from storage.
 - A user's own Redis: coordl never starts, stops, configures or flushes it; it
   only reads and writes keys under ``coordl:<fingerprint>:`` and refuses a
   server whose eviction policy would evict them (`check_server`).
@@ -37,6 +42,8 @@ import time
 import urllib.parse
 from typing import Any
 
+from coordl.cache import nodeproc, nodeurl
+from coordl.cache.shm import proc_start
 from coordl.errors import CacheError, ConfigError
 
 KEY_PREFIX = "coordl:"
@@ -86,7 +93,7 @@ class NodeConfig:
         if not (isinstance(self.port, int) and 0 < self.port < 65536):
             raise ConfigError(f"--port {self.port!r} must be a TCP port in 1..65535")
         if not (isinstance(self.memory, int) and self.memory >= 2**20):
-            raise ConfigError(f"--memory {self.memory!r} must be at least 1MiB (the node's budget)")
+            raise ConfigError(f"--cache {self.memory!r} must be at least 1MiB (the node's budget)")
         if not is_loopback(self.bind) and not self.password:
             raise ConfigError(f"--bind {self.bind} listens beyond loopback without a password: anyone who "
                               "reaches the port could read and write the cache; pass --password-file FILE "
@@ -106,18 +113,26 @@ class NodeConfig:
         return lines
 
     def pidfile(self, directory: str) -> str:
+        """redis-server's own pid file (it writes it once listening, removes it at a clean exit)."""
         return os.path.join(directory, f"coordl-cache-node-{self.port}.pid")
+
+    def recordfile(self, directory: str) -> str:
+        """coordl's proof of the node: pid, start time and port (cache/nodeproc.py)."""
+        return os.path.join(directory, f"coordl-cache-node-{self.port}.start")
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if is_loopback(self.bind) else self.bind.split()[0]
-        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}{host}:{self.port}/0"
+        """The node's URL, the password percent-encoded (any password works)."""
+        host = "127.0.0.1" if is_loopback(self.bind) else self.bind.split()[0].lstrip("-")
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "*") else host
+        return nodeurl.node_url(host, self.port, self.password)
 
 
 def _quote(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """`s` as one redis.conf argument: double-quoted, backslash and quote escaped, control
+    characters (a newline would end the line) as \\xHH, which redis reads back as that byte."""
+    body = s.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c for c in body) + '"'
 
 
 def launch(cfg: NodeConfig, directory: str, daemonize: bool = False,
@@ -135,8 +150,37 @@ def launch(cfg: NodeConfig, directory: str, daemonize: bool = False,
     return proc
 
 
-def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
-    """Until the server at `url` answers PING; a clear error if `proc` exits first or time runs out."""
+def daemon_pid(cfg: NodeConfig, directory: str, timeout: float = 20.0) -> int:
+    """The pid of the node `launch(..., daemonize=True)` started: once redis-server has written its
+    pid file (it does so after it listens) and that pid is a redis-server on cfg.port. A clear error
+    with the log's tail when it does not come up (it exits at once when it cannot listen)."""
+    log = os.path.join(directory, f"coordl-cache-node-{cfg.port}.log")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(cfg.pidfile(directory)) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            pid = None
+        if pid is not None and nodeproc.serves_port(nodeproc.cmdline(pid), cfg.port):
+            return pid
+        if time.monotonic() > deadline:
+            try:
+                with open(log, errors="replace") as f:
+                    tail = f.read()[-400:].strip()
+            except OSError:
+                tail = ""
+            raise CacheError(f"redis-server on port {cfg.port} did not come up within {timeout:.0f}s "
+                             f"(no live pid in {cfg.pidfile(directory)}); its log {log} ends: "
+                             f"{tail or 'nothing'}")
+        time.sleep(0.05)
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 20.0,
+               pid: int | None = None) -> None:
+    """Until the server at `url` answers PING; a clear error (no password in it) if `proc` exits
+    first, authentication fails or time runs out. With `pid`: the server answering must be that
+    process (INFO process_id), not another one on the port."""
     redis = redis_module()
     client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
     deadline = time.monotonic() + timeout
@@ -144,24 +188,34 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
         while True:
             try:
                 client.ping()
-                return
-            except redis.ConnectionError:
+                break
+            except redis.AuthenticationError as e:
+                raise CacheError(f"redis-server at {redact(url)}: {nodeurl.explain(url, e)}") from None
+            except redis.ConnectionError as e:
                 if proc is not None and proc.poll() not in (None, 0):
                     out = proc.stdout.read().decode(errors="replace").strip() if proc.stdout else ""
                     raise CacheError(f"redis-server for {redact(url)} exited with {proc.returncode}: "
-                                     f"{out[-400:] or 'no output'}") from None
+                                     f"{nodeurl.scrub(out[-400:], url) or 'no output'}") from None
                 if time.monotonic() > deadline:
-                    raise CacheError(f"redis-server at {redact(url)} did not answer within {timeout:.0f}s") from None
+                    raise CacheError(f"redis-server at {redact(url)} did not answer within {timeout:.0f}s: "
+                                     f"{nodeurl.scrub(str(e), url)}") from None
                 time.sleep(0.05)
+        answering = int(client.info("server").get("process_id", -1)) if pid is not None else None
+    except redis.RedisError as e:
+        raise CacheError(f"redis-server at {redact(url)}: {nodeurl.scrub(str(e), url)}") from None
     finally:
         client.close()
+    if pid is not None and answering != pid:
+        raise CacheError(f"{redact(url)} is answered by pid {answering}, not by the node just started "
+                         f"(pid {pid}): another server holds the port; pick another --port")
 
 
 def redact(url: str) -> str:
-    """The URL without its password."""
+    """The URL without its user and password (everything before the last '@': a password that
+    was not percent-encoded is hidden whole)."""
     head, sep, rest = url.partition("://")
     if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
+        rest = "***@" + rest.rsplit("@", 1)[1]
     return head + sep + rest
 
 
@@ -248,19 +302,21 @@ def datasets(client) -> dict[str, dict[str, str]]:
 
 
 def read_pid(cfg: NodeConfig, directory: str) -> int | None:
-    """The pid in the node's pid file when it is a live redis-server, else None."""
-    try:
-        with open(cfg.pidfile(directory)) as f:
-            pid = int(f.read().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
-    except (OSError, ValueError):
-        return None
-    return pid if b"redis-server" in cmd else None
+    """The node's pid when its start record proves it (same pid, start time, a redis-server on
+    cfg.port: cache/nodeproc.py), else None. See `node_pid` for why not."""
+    return node_pid(cfg, directory)[0]
 
 
-def stop_pid(pid: int, timeout: float = 20.0) -> bool:
-    """SIGTERM a daemonised node (no persistence: it exits at once); True when it is gone."""
+def node_pid(cfg: NodeConfig, directory: str) -> tuple[int | None, str]:
+    """(pid, "") of the node `coordl cache-node start` recorded in `directory`, or (None, why not)."""
+    return nodeproc.proven(cfg.recordfile(directory), cfg.port)
+
+
+def stop_pid(pid: int, timeout: float = 20.0, start: int | None = None) -> bool:
+    """SIGTERM a daemonised node (no persistence: it exits at once); True when it is gone.
+    With `start`: nothing is signalled unless pid still has that start time (not a reused pid)."""
+    if start is not None and proc_start(pid) != start:
+        return True
     try:
         os.kill(pid, 15)
     except ProcessLookupError:

@@ -1,11 +1,14 @@
 """`coordl cache-node start|stop|status`: the Redis cache nodes of partitioned caching.
 
-    coordl cache-node start --memory 16GiB                      # loopback only, port 6390
-    coordl cache-node start --memory 16GiB --bind 10.0.0.5 --password-file ~/.coordl-pw
+    coordl cache-node start --cache 16GiB                       # loopback only, port 6390
+    coordl cache-node start --cache 16GiB --bind 10.0.0.5 --password-file ~/.coordl-pw
     coordl cache-node status redis://:PW@host1:6390/0 redis://:PW@host2:6390/0
     coordl cache-node stop
 
-The server's configuration and lifecycle are in `coordl.cache.redisnode`.
+(`--memory` is the old name of `--cache`, still accepted.) The server's configuration and
+lifecycle are in `coordl.cache.redisnode`; which process is a node, and who holds a port, in
+`coordl.cache.nodeproc`; URLs with passwords in `coordl.cache.nodeurl`. No message prints a
+password: URLs are shown as redis://***@host:port/db and errors are scrubbed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import tempfile
 
 import click
 
-from coordl.cache import redisnode
+from coordl.cache import nodeproc, nodeurl, redisnode
 
 from .caching import parse_size
 from .errors import CacheError, ConfigError
@@ -41,11 +44,15 @@ def _password(path: str | None) -> str | None:
     try:
         st = os.stat(path)
         with open(path) as f:
-            password = f.read().strip()
+            text = f.read()
     except OSError as e:
         raise ConfigError(f"--password-file {path}: cannot read it ({e.strerror}): pass a readable file") from None
-    if not password:
+    password = text[:-1] if text.endswith("\n") else text   # the line's end only: any other character counts
+    password = password[:-1] if password.endswith("\r") else password
+    if not password.strip():
         raise ConfigError(f"--password-file {path} is empty: write the password into it (one line)")
+    if "\n" in password:
+        raise ConfigError(f"--password-file {path} holds more than one line: write the password alone on one line")
     if st.st_mode & (stat.S_IRGRP | stat.S_IROTH):
         click.echo(f"coordl: warning: {path} is readable by other users: chmod 600 {path}", err=True)
     return password
@@ -57,54 +64,98 @@ def cache_node_group() -> None:
 
 
 @cache_node_group.command("start")
-@click.option("--memory", required=True, help="The node's budget: maxmemory, e.g. 16GiB.")
+@click.option("--cache", "--memory", "cache", required=True,
+              help="The node's budget: maxmemory, e.g. 16GiB (--memory: the old name).")
 @_PORT
 @click.option("--bind", default="127.0.0.1", show_default=True,
               help="Addresses to listen on (beyond loopback a password is required).")
 @click.option("--password-file", type=click.Path(dir_okay=False), default=None,
               help="File holding the password clients must give (requirepass).")
 @_DIR
-def start_cmd(memory: str, port: int, bind: str, password_file: str | None, directory: str) -> None:
+def start_cmd(cache: str, port: int, bind: str, password_file: str | None, directory: str) -> None:
     """Start a redis-server as a static cache node and print its URL."""
-    cfg = redisnode.NodeConfig(port=port, memory=parse_size(memory, "--memory"), bind=bind,
+    cfg = redisnode.NodeConfig(port=port, memory=parse_size(cache, "--cache"), bind=bind,
                                password=_password(password_file))
+    directory = os.path.abspath(directory)
     running = redisnode.read_pid(cfg, directory)
     if running is not None:
         raise CacheError(f"a cache node already runs on port {port} (pid {running}): "
                          f"`coordl cache-node stop --port {port}` first, or pick another --port")
-    proc = redisnode.launch(cfg, os.path.abspath(directory), daemonize=True)
+    holder = nodeproc.port_holder(bind, port)
+    if holder is not None:
+        raise CacheError(f"port {port} is in use by {holder}: pick a free port (--port N), "
+                         "or stop what listens there")
+    _remove(cfg.pidfile(directory), cfg.recordfile(directory))  # a dead node's, proven not live above
+    proc = redisnode.launch(cfg, directory, daemonize=True)
     out = proc.stdout.read()      # redis-server forks; the parent's output ends when it exits
     proc.wait(timeout=60)
     proc.stdout.close()
     if proc.returncode != 0:
         raise CacheError(f"redis-server did not start on port {port}: "
-                         f"{out.decode(errors='replace').strip()[-400:] or 'no output'}")
-    redisnode.wait_ready(cfg.url)
+                         f"{nodeurl.scrub(out.decode(errors='replace').strip()[-400:], cfg.url) or 'no output'}")
+    pid = redisnode.daemon_pid(cfg, directory)
+    try:
+        redisnode.wait_ready(cfg.url, pid=pid)
+        nodeproc.write_record(cfg.recordfile(directory), pid, port)
+    except BaseException:
+        redisnode.stop_pid(pid)   # just seen as redis-server on this port, started by us
+        _remove(cfg.recordfile(directory))
+        raise
     shown = redisnode.redact(cfg.url)
     if not redisnode.is_loopback(bind) and bind.split()[0] in ("0.0.0.0", "::"):
         shown = shown.replace("127.0.0.1", socket.getfqdn())
     click.echo(shown)
-    click.echo(f"  maxmemory {_fmt(cfg.memory)}, noeviction, no persistence; pid {redisnode.read_pid(cfg, directory)}"
-               + (f"; password from {password_file} (URL: redis://:PASSWORD@...)" if password_file else ""))
+    click.echo(f"  maxmemory {_fmt(cfg.memory)}, noeviction, no persistence; pid {pid}"
+               + (f"; password from {password_file} (URL: redis://:PASSWORD@..., the password "
+                  "percent-encoded)" if password_file else ""))
+
+
+def _remove(*paths: str) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 @cache_node_group.command("stop")
 @_PORT
 @_DIR
 def stop_cmd(port: int, directory: str) -> None:
-    """Stop the cache node started on --port (its cached items are dropped)."""
+    """Stop the cache node started on --port (its cached items are dropped).
+
+    Only a process proven to be that node is signalled: the pid, its start time and its port
+    as recorded by `start`; a stale pid file naming any other process is left alone."""
     cfg = redisnode.NodeConfig(port=port)
-    pid = redisnode.read_pid(cfg, directory)
+    pid, why = redisnode.node_pid(cfg, directory)
     if pid is None:
-        raise CacheError(f"no cache node runs on port {port} (no live redis-server pid in "
-                         f"{cfg.pidfile(directory)}); see `coordl cache-node status`")
-    if not redisnode.stop_pid(pid):
+        _not_proven(cfg, directory, why)
+    start = nodeproc.read_record(cfg.recordfile(directory))["start"]
+    if not redisnode.stop_pid(pid, start=start):
         raise CacheError(f"cache node on port {port} (pid {pid}) did not exit: kill {pid}")
-    try:
-        os.unlink(cfg.pidfile(directory))
-    except FileNotFoundError:
-        pass
+    _remove(cfg.pidfile(directory), cfg.recordfile(directory))
     click.echo(f"stopped cache node on port {port} (pid {pid})")
+
+
+def _not_proven(cfg: redisnode.NodeConfig, directory: str, why: str) -> None:
+    """Raise the error of `stop` when no node is proven on cfg.port; stale files are removed only
+    when they name no live process."""
+    pidfile = cfg.pidfile(directory)
+    try:
+        with open(pidfile) as f:
+            named = int(f.read().strip())
+    except (OSError, ValueError):
+        named = None
+    line = nodeproc.cmdline(named) if named is not None else None
+    if line is not None:
+        raise CacheError(f"not signalled: {pidfile} names pid {named} (`{line}`), which coordl cannot prove "
+                         f"is the node it started on port {cfg.port}: {why}. If that process is your node, "
+                         f"stop it yourself (kill {named}); then remove {pidfile}")
+    stale = [p for p in (pidfile, cfg.recordfile(directory)) if os.path.exists(p)]
+    _remove(*stale)
+    raise CacheError(f"no cache node runs on port {cfg.port} ({why}"
+                     + (f"; removed the stale {', '.join(stale)}" if stale else "")
+                     + "); see `coordl cache-node status`")
 
 
 @cache_node_group.command("status")
@@ -115,13 +166,24 @@ def status_cmd(urls: tuple[str, ...]) -> None:
     failed = 0
     for url in urls or (f"redis://127.0.0.1:{redisnode.DEFAULT_PORT}/0",):
         shown = redisnode.redact(url)
+        problem = nodeurl.url_problem(url)
+        if problem:
+            click.echo(f"{shown}\n  bad URL: {problem}")
+            failed += 1
+            continue
         try:
             client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-            info = redisnode.read_info(client)
-            found = redisnode.datasets(client)
-            client.close()
-        except (redis.RedisError, ValueError) as e:
-            click.echo(f"{shown}\n  unreachable: {e}")
+            try:
+                info = redisnode.read_info(client)
+                found = redisnode.datasets(client)
+            finally:
+                client.close()
+        except ValueError as e:
+            click.echo(f"{shown}\n  bad URL: {nodeurl.scrub(str(e), url)}")
+            failed += 1
+            continue
+        except redis.RedisError as e:
+            click.echo(f"{shown}\n  {nodeurl.explain(url, e)}")
             failed += 1
             continue
         used, cap = int(info["used_memory"]), int(info.get("maxmemory", 0))
@@ -135,5 +197,7 @@ def status_cmd(urls: tuple[str, ...]) -> None:
             label = meta.get("label", "")
             click.echo(f"  dataset     {fp[:16]}  {meta.get('items', 0)} keys of {meta.get('n_items', '?')} items, "
                        f"{_fmt(int(meta.get('bytes', 0)))}{'  ' + label if label else ''}")
+            if meta.get("problem"):
+                click.echo(f"              problem: {meta['problem']}")
     if failed:
-        raise CacheError(f"{failed} of {len(urls) or 1} cache node(s) did not answer")
+        raise CacheError(f"{failed} of {len(urls) or 1} cache node(s) could not be read (see above)")

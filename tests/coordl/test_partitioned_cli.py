@@ -89,6 +89,6 @@ def test_a_password_is_required_beyond_loopback_and_kept_out_of_argv(node_dir, t
 
 def test_bad_memory_and_missing_password_file(node_dir, tmp_path):
     r = _run("start", "--memory", "lots", "--dir", node_dir)
-    assert r.exit_code == 2 and "--memory='lots' is not a size" in r.output
+    assert r.exit_code == 2 and "--cache='lots' is not a size" in r.output  # --memory: the old name of --cache
     r = _run("start", "--memory", "8MiB", "--password-file", str(tmp_path / "nope"), "--dir", node_dir)
     assert r.exit_code == 2 and "cannot read it" in r.output

@@ -1,0 +1,113 @@
+"""Cache-node URLs with passwords in them: built percent-encoded, checked, kept out of every message.
+
+    url = node_url("127.0.0.1", 6390, "p@ss/w:rd#1")   # redis://:p%40ss%2Fw%3Ard%231@127.0.0.1:6390/0
+    url_problem("redis://:p@ss/w:rd#1@host:6390/0")     # "... percent-encode ..." (None when fine)
+    scrub(str(exc), url)                                # the text with the URL's password as ***
+    explain(url, exc)                                   # "authentication failed: ...", "TLS mismatch: ..."
+
+A password is any string: redis.conf takes it quoted, and a URL takes it only
+percent-encoded (``@ / : # ? %`` would otherwise move the host, the path or the
+fragment: redis-py would then dial a host made of the password's tail, and an
+error message would print it).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import ssl
+import urllib.parse
+
+_URL_AUTH = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")
+_NOT_IN_USERINFO = set("@/?#")
+
+
+def node_url(host: str, port: int, password: str | None, db: int = 0, scheme: str = "redis") -> str:
+    """The URL of a node, its password percent-encoded (any character works)."""
+    auth = f":{urllib.parse.quote(password, safe='')}@" if password else ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{auth}{host}:{port}/{db}"
+
+
+def _userinfo(url: str) -> str:
+    rest = url.partition("://")[2]
+    return rest.rsplit("@", 1)[0] if "@" in rest else ""
+
+
+def url_problem(url: str) -> str | None:
+    """Why redis-py would misread `url` (a password not percent-encoded), or None. Never quotes it."""
+    info = _userinfo(url)
+    bad = sorted(set(info) & _NOT_IN_USERINFO) + (["%"] if re.search(r"%(?![0-9A-Fa-f]{2})", info) else [])
+    if not bad:
+        return None
+    return (f"the password in this URL holds {' '.join(repr(c) for c in bad)}, which must be percent-encoded "
+            "(a URL would otherwise put part of it in the host or the path): write it as "
+            "urllib.parse.quote(password, safe='') (e.g. '@' as %40, '/' as %2F, '#' as %23)")
+
+
+def _secrets(url: str) -> list[str]:
+    info = _userinfo(url)
+    if not info:
+        return []
+    user, _, password = info.partition(":")
+    found = {info, password, user} | {urllib.parse.unquote(s) for s in (info, password, user)}
+    found |= {urllib.parse.quote(s, safe="") for s in set(found)}
+    return sorted((s for s in found if len(s) >= 2), key=len, reverse=True)
+
+
+def scrub(text: str, *urls: str) -> str:
+    """`text` with the user and password of each of `urls` (raw, encoded or decoded) as ***, and
+    the credentials of any URL in it as ***@."""
+    for url in urls:
+        for secret in _secrets(url):
+            text = text.replace(secret, "***")
+    return _URL_AUTH.sub(r"\1***@", text)
+
+
+def _speaks_plain_redis(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2.0) as s:
+            s.sendall(b"PING\r\n")
+            reply = s.recv(64)
+    except OSError:
+        return False
+    return reply[:1] in (b"+", b"-")
+
+
+def _speaks_tls(host: str, port: int) -> bool:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=2.0) as raw, \
+                ctx.wrap_socket(raw, server_hostname=host):
+            return True
+    except (OSError, ssl.SSLError):
+        return False
+
+
+def _auth_failed(exc: Exception) -> bool:
+    text = str(exc)
+    return type(exc).__name__ == "AuthenticationError" or any(
+        s in text for s in ("NOAUTH", "WRONGPASS", "invalid username-password", "HELLO must be called"))
+
+
+def explain(url: str, exc: Exception) -> str:
+    """What went wrong talking to the node at `url`, named (auth, TLS, unreachable), with the fix;
+    no secret of `url` in it."""
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+    if _auth_failed(exc):
+        if not (parts.password or parts.username):
+            return ("authentication failed: the node requires a password and the URL gives none: "
+                    "use redis://:PASSWORD@host:port/db (the password percent-encoded, as "
+                    "`coordl cache-node start --password-file` prints)")
+        return ("authentication failed: wrong password for this node: use the one in the node's "
+                "--password-file, percent-encoded in the URL")
+    if parts.scheme == "rediss" and _speaks_plain_redis(host, port):
+        return ("TLS mismatch: the URL asks for TLS (rediss://) but the server at "
+                f"{host}:{port} speaks plain Redis: use redis:// (or enable TLS on the server)")
+    if parts.scheme == "redis" and _speaks_tls(host, port):
+        return (f"TLS mismatch: the server at {host}:{port} expects TLS and the URL is plain redis://: "
+                "use rediss://")
+    return (f"unreachable: {scrub(str(exc), url)}: is a node running at {host}:{port} "
+            "(`coordl cache-node start`)? check the host, the port and any firewall between")
