@@ -31,7 +31,13 @@ class PartitionedCache(partitioned.PartitionedCache):
 
     Construction connects to every node and raises `coordl.ConfigError` naming the
     URL and the fix for a wrong password, an unknown host, a closed port, a server
-    that is not Redis, or a Redis whose eviction policy would thrash (LRU/LFU/random).
+    that is not Redis, a replica, or a Redis whose eviction policy would thrash
+    (LRU/LFU/random); and for one node listed twice under two spellings
+    (``redis://localhost:6390`` and ``redis://127.0.0.1:6390/0``). Once running, any
+    Redis error on a node makes it skipped for `retry_after` seconds (its items come
+    from storage), counted in ``loader.stats()`` (``nodes_down``, ``node_faults``,
+    worker processes included) and logged once with the fix; never an exception in
+    the training loop.
     """
 
     def __init__(self, nodes: Sequence[str], node_rank: int, *, capacity_per_node: int | str | None = None,
