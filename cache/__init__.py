@@ -1,6 +1,8 @@
 """`coordl.cache`: where an item's encoded bytes come from. Knows bytes, never pixels.
 
 - `storage`: read a file, optionally without leaving it in the page cache.
+- `objstore`: objects under an fsspec URL (s3://, gs://, ...): parallel listing, concurrent GETs with
+  retries (`objstore_policy`: its pure half: config, back-off, error classes, redaction).
 - `minio`: the MinIO static cache (API, admission, lifecycle NOTE).
 - `layout`: the bytes inside a cache segment (header, index, arena).
 - `shm`: segment files: names, free space, creation, OFD locks, liveness.
