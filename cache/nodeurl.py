@@ -99,8 +99,8 @@ def explain(url: str, exc: Exception) -> str:
     if _auth_failed(exc):
         if not (parts.password or parts.username):
             return ("authentication failed: the node requires a password and the URL gives none: "
-                    "use redis://:PASSWORD@host:port/db (the password percent-encoded, as "
-                    "`coordl cache-node start --password-file` prints)")
+                    "use redis://:PASSWORD@host:port/db, PASSWORD the node's --password-file content "
+                    "percent-encoded (urllib.parse.quote(password, safe=''))")
         return ("authentication failed: wrong password for this node: use the one in the node's "
                 "--password-file, percent-encoded in the URL")
     if parts.scheme == "rediss" and _speaks_plain_redis(host, port):
