@@ -64,6 +64,20 @@ def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futur
     return {i: pool.submit(storage.read_file, ds.manifest.path(i), drop) for i in items}
 
 
+def _check_size(size: Any) -> int | tuple[int, int]:
+    """`size` as ImageFolder keeps it: a positive int, or (height, width) of two when they differ."""
+    def positive(v: Any) -> bool:  # a bool is not a size
+        return (type(v) is int or isinstance(v, np.integer)) and v > 0
+
+    if positive(size):
+        return int(size)
+    if isinstance(size, (tuple, list)) and len(size) == 2 and all(positive(v) for v in size):
+        h, w = int(size[0]), int(size[1])
+        return h if h == w else (h, w)
+    raise ConfigError(f"size={size!r} must be a positive int (height = width) or (height, width) of "
+                      "two positive ints, as torchvision takes it: e.g. size=224 or size=(224, 160)")
+
+
 def _epoch_of(indices: Sequence[int], default: int) -> int:
     """The epoch the loader tagged a batch (or its first index) with, else the dataset's own."""
     epoch = getattr(indices, "epoch", None)
@@ -130,7 +144,9 @@ class ImageFolder(CoordlDataset):
         transform: ``"train"`` (RandomResizedCrop + flip), ``"val"`` (resize +
             center crop), ``None`` (the decoded RGB PIL image, as torchvision) or
             a callable applied to the RGB PIL image.
-        size: output height and width for ``"train"`` / ``"val"``.
+        size: output size for ``"train"`` / ``"val"``: an int (height = width) or
+            ``(height, width)``, as torchvision takes it; batches are
+            ``(B, 3, height, width)``. ``(s, s)`` is kept as the int ``s``.
         extensions: file name endings that count as images.
         on_error: ``"raise"`` (a bad file raises `SampleError` naming it) or
             ``"skip"`` (the sample is dropped from its batch and counted).
@@ -147,7 +163,7 @@ class ImageFolder(CoordlDataset):
         self,
         root: str | os.PathLike,
         transform: str | Callable | None = "train",
-        size: int = 224,
+        size: int | tuple[int, int] = 224,
         extensions: Sequence[str] | None = IMG_EXTENSIONS,
         on_error: str = "raise",
         seed: int = 0,
@@ -158,8 +174,7 @@ class ImageFolder(CoordlDataset):
     ) -> None:
         if isinstance(transform, str) and transform not in _TRANSFORMS:
             raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
-        if not (isinstance(size, int) and size > 0):
-            raise ConfigError(f"size={size!r} must be a positive int (output height and width)")
+        size = _check_size(size)
         if on_error not in _ON_ERROR:
             raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
         self.manifest = scan(root, extensions, is_valid_file, allow_empty=on_error == "skip",
@@ -233,7 +248,7 @@ class ImageFolder(CoordlDataset):
         return raw
 
     def prep(self, raw, i: int, epoch: int | None = None, out: np.ndarray | None = None):
-        """Decode and augment item i's bytes: (uint8 tensor (3, size, size), label)."""
+        """Decode and augment item i's bytes: (uint8 tensor (3, h, w), label)."""
         epoch = self.epoch if epoch is None else epoch
         if self.transform in _TRANSFORMS:
             return torch.from_numpy(self.prep_into(raw, i, epoch, out)).permute(2, 0, 1), self._target(i)
@@ -245,7 +260,7 @@ class ImageFolder(CoordlDataset):
         return (img if self.transform is None else self.transform(img)), self._target(i)
 
     def prep_into(self, raw, i: int, epoch: int, out: np.ndarray | None) -> np.ndarray:
-        """The "train"/"val" pixels of item i as uint8 (size, size, 3), written into `out` if given."""
+        """The "train"/"val" pixels of item i as uint8 (h, w, 3), written into `out` if given."""
         self.counters.add(decodes=1)
         try:
             if self.transform == "train":
@@ -356,13 +371,13 @@ class ImageFolder(CoordlDataset):
         return row
 
     def _alloc_batch(self, n: int) -> tuple[torch.Tensor, bool]:
-        """uint8 (n, size, size, 3), and whether it is in a reusable buffer: in shared memory in a
+        """uint8 (n, h, w, 3), and whether it is in a reusable buffer: in shared memory in a
         worker process, one of the worker's reusable buffers when the loader allows them
         (``batch_slots``, coordl/buffers.py)."""
-        size = self.size
+        h, w = crop.output_hw(self.size)
         if torch.utils.data.get_worker_info() is None:
-            return torch.empty((n, size, size, 3), dtype=torch.uint8), False
-        nbytes = n * size * size * 3
+            return torch.empty((n, h, w, 3), dtype=torch.uint8), False
+        nbytes = n * h * w * 3
         if self.batch_slots and (self._buffers is None or self._buffers.pid != os.getpid()):
             self._buffers = WorkerBuffers(self.batch_slots)
         if self.batch_slots:
@@ -371,7 +386,7 @@ class ImageFolder(CoordlDataset):
             storage_, pooled, fresh = new_shared(nbytes), False, True
         if fresh:
             self.counters.add(batch_buffers=1)
-        images = torch.empty(0, dtype=torch.uint8).set_(storage_, 0, (n, size, size, 3))
+        images = torch.empty(0, dtype=torch.uint8).set_(storage_, 0, (n, h, w, 3))
         return images, pooled
 
     def _try(self, work: Callable[[], Any]) -> Any:

@@ -1,7 +1,9 @@
 """The CPU pipeline: encoded bytes -> uint8 HWC pixels, with Pillow (or pillow-simd).
 
 `train`: RandomResizedCrop + horizontal flip; `val`: resize shorter side to
-size/0.875 + center crop. Both are done with one `Image.resize(box=...)` on
+size/0.875 + center crop. `size` is an int (square) or (height, width), as
+torchvision takes it (pipelines/crop.py `output_hw`; val resizes the shorter
+side to max(h, w)/0.875); the output is uint8 (h, w, 3). Both are done with one `Image.resize(box=...)` on
 the decoded image, after a DCT-domain reduced decode (`Image.draft`) whenever
 the crop still has at least the output resolution at the reduced scale, and
 a decode that stops below the last row the resize reads (pipelines/rows.py:
@@ -97,18 +99,18 @@ def _load_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def _decode_for(img: Image.Image, raw, box, size: int, partial: bool) -> Image.Image:
+def _decode_for(img: Image.Image, raw, box, size, partial: bool) -> Image.Image:
     """The decoded RGB image, or only its top rows when that is all the resize of `box` reads."""
     if img.format == "JPEG":
         markers.check(raw, img)  # what Pillow's full decode rejects, wherever the crop is
     if partial and rows.can_stop_early(img):
-        top = rows.top_rows(img, raw, rows.rows_for_box(box, size))
+        top = rows.top_rows(img, raw, rows.rows_for_box(box, crop.output_hw(size)[0]))
         if top is not None:
             return top
     return _load_rgb(img)
 
 
-def _draft(img: Image.Image, box: tuple[float, float, float, float], size: int) -> tuple:
+def _draft(img: Image.Image, box: tuple[float, float, float, float], size) -> tuple:
     """Ask a JPEG for the DCT-scaled decode `crop.scale_denom` picks; return the box rescaled."""
     if img.format != "JPEG":
         return box
@@ -121,18 +123,19 @@ def _draft(img: Image.Image, box: tuple[float, float, float, float], size: int) 
     return box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
 
 
-def _resize_into(img: Image.Image, box, size: int, flip: bool, out: np.ndarray | None) -> np.ndarray:
+def _resize_into(img: Image.Image, box, size, flip: bool, out: np.ndarray | None) -> np.ndarray:
     left, top, w, h = box
-    small = img.resize((size, size), BILINEAR, box=(left, top, left + w, top + h))
+    out_h, out_w = crop.output_hw(size)
+    small = img.resize((out_w, out_h), BILINEAR, box=(left, top, left + w, top + h))
     if flip:  # in Pillow, on 4-byte pixels: a numpy copy with a negative stride is 5x slower
         small = small.transpose(FLIP_LEFT_RIGHT)
     packed = np.frombuffer(small.tobytes("raw", "RGB"), dtype=np.uint8)  # RGB, or RGBX from roi
     if out is None:
-        out = np.empty((size, size, 3), dtype=np.uint8)
+        out = np.empty((out_h, out_w, 3), dtype=np.uint8)
     if out.flags.c_contiguous:
         out.reshape(-1)[:] = packed  # one flat memcpy
     else:
-        out[...] = packed.reshape(size, size, 3)
+        out[...] = packed.reshape(out_h, out_w, 3)
     return out
 
 
@@ -145,9 +148,9 @@ def _roi_size(raw, use: bool) -> tuple[int, int] | None:
     return (width, height) if supported else None  # CMYK/YCCK: Pillow
 
 
-def train(raw, size: int, rng: random.Random, out: np.ndarray | None = None,
+def train(raw, size: int | tuple[int, int], rng: random.Random, out: np.ndarray | None = None,
           draft: bool = True, partial: bool = True, roi: bool = True) -> np.ndarray:
-    """RandomResizedCrop(size) + RandomHorizontalFlip, as uint8 (size, size, 3).
+    """RandomResizedCrop(size) + RandomHorizontalFlip, as uint8 (h, w, 3) (size: int or (h, w)).
 
     `draft` (DCT-scaled decode) and `partial` (stop below the crop) are the
     two decode shortcuts; turning them off gives the full-decode reference.
@@ -167,9 +170,9 @@ def train(raw, size: int, rng: random.Random, out: np.ndarray | None = None,
     return _resize_into(_decode_for(img, raw, box, size, partial), box, size, do_flip, out)
 
 
-def val(raw, size: int, out: np.ndarray | None = None, draft: bool = True,
+def val(raw, size: int | tuple[int, int], out: np.ndarray | None = None, draft: bool = True,
         partial: bool = True, roi: bool = True) -> np.ndarray:
-    """Resize(size / 0.875) + CenterCrop(size), as uint8 (size, size, 3)."""
+    """Resize(max(h, w) / 0.875) + CenterCrop((h, w)), as uint8 (h, w, 3) (size: int or (h, w))."""
     roi_size = _roi_size(raw, roi and partial)
     if roi_size:
         got = jpegroi.region_image(raw, crop.center_crop_box(*roi_size, size), size, roi_size, draft)

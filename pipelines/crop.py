@@ -3,6 +3,8 @@
 Planning is separate from pixel work (pipelines/cpu.py) so that tests can
 check the sampling statistics exactly and other pipelines (DALI) can reuse it.
 Boxes are (left, top, width, height) in pixels of the full-size image.
+An output size is an int (square) or (height, width), as torchvision takes
+it; `output_hw` is the one place that reads it.
 
 `scale_denom` is the one rule for the DCT-scaled decode of a crop: Pillow's
 `Image.draft` (pipelines/cpu.py) and the region decoder (pipelines/roi.py)
@@ -25,6 +27,11 @@ DRAFT_MARGIN = 1.25
 
 
 _MASK64 = (1 << 64) - 1
+
+
+def output_hw(size: int | tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of an output size: an int (square) or (h, w), as in torchvision."""
+    return (size, size) if isinstance(size, int) else (size[0], size[1])
 
 
 def item_rng(seed: int, epoch: int, index: int) -> random.Random:
@@ -70,32 +77,41 @@ def random_resized_crop_box(
     return (width - w) // 2, (height - h) // 2, w, h
 
 
-def center_crop_box(width: int, height: int, size: int) -> tuple[float, float, float, float]:
-    """The region of the full image that torchvision's Resize(size/0.875) + CenterCrop(size) keeps.
+def center_crop_box(width: int, height: int, size: int | tuple[int, int]) -> tuple[float, float, float, float]:
+    """The region of the full image that torchvision's Resize(max(h, w)/0.875) + CenterCrop((h, w))
+    keeps (for an int size: Resize(size/0.875) + CenterCrop(size)).
 
-    Returned in full-image pixels (fractional), so that one resize with a
-    box does both steps.
+    The shorter side is resized to the longer output side / 0.875, so that the crop fits
+    inside the resized image for any (h, w). Returned in full-image pixels (fractional),
+    so that one resize with a box does both steps.
     """
-    resized = int(size / VAL_RESIZE_RATIO)
+    out_h, out_w = output_hw(size)
+    resized = int(max(out_h, out_w) / VAL_RESIZE_RATIO)
     # torchvision Resize: the long side becomes int(resized * long / short)
     rw = resized if width <= height else int(resized * width / height)
     rh = resized if height <= width else int(resized * height / width)
-    crop = min(size, rw, rh)
-    left = int(round((rw - crop) / 2.0))
-    top = int(round((rh - crop) / 2.0))
+    crop_w, crop_h = min(out_w, rw, rh), min(out_h, rw, rh)
+    left = int(round((rw - crop_w) / 2.0))
+    top = int(round((rh - crop_h) / 2.0))
     sx, sy = width / rw, height / rh
-    return left * sx, top * sy, crop * sx, crop * sy
+    return left * sx, top * sy, crop_w * sx, crop_h * sy
 
 
-def scale_denom(box, size: int, image_size: tuple[int, int]) -> int:
-    """The DCT-scale divisor (8, 4, 2 or 1) for decoding `box` of an image to size x size.
+def scale_denom(box, size: int | tuple[int, int], image_size: tuple[int, int]) -> int:
+    """The DCT-scale divisor (8, 4, 2 or 1) for decoding `box` of an image to `size`
+    (an int: size x size; or (h, w)).
 
-    The largest power of two that keeps the crop >= DRAFT_MARGIN x size on its
-    short side, rounded as Pillow's `JpegImageFile.draft` rounds a requested
-    size (its scale is min(full // requested) over both sides), so that asking
-    draft for (full_w // d, full_h // d) gives exactly this d.
+    The largest power of two that keeps the crop >= DRAFT_MARGIN x the output on
+    both sides (its width against w, its height against h), rounded as Pillow's
+    `JpegImageFile.draft` rounds a requested size (its scale is min(full //
+    requested) over both sides), so that asking draft for (full_w // d, full_h
+    // d) gives exactly this d.
     """
-    factor = min(box[2], box[3]) / (size * DRAFT_MARGIN)
+    out_h, out_w = output_hw(size)
+    if out_h == out_w:  # square: the same float expression as always (the same d, bit for bit)
+        factor = min(box[2], box[3]) / (out_w * DRAFT_MARGIN)
+    else:
+        factor = min(box[2] / out_w, box[3] / out_h) / DRAFT_MARGIN
     if factor < 2.0:
         return 1
     full_w, full_h = image_size

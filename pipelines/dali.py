@@ -97,6 +97,9 @@ class Recipe:
     def __post_init__(self) -> None:
         if self.transform not in TRANSFORMS:
             raise ConfigError(f"transform={self.transform!r}: the DALI pipeline runs 'train' or 'val'")
+        if isinstance(self.size, tuple):  # ImageFolder(size=(h, w)) with h != w
+            raise ConfigError(f"size={self.size!r}: the DALI backend makes square images only: pass "
+                              "ImageFolder(size=<one int>), or backend='cpu' for size=(height, width)")
         if not (isinstance(self.size, int) and self.size > 0):
             raise ConfigError(f"size={self.size!r} must be a positive int (output height and width)")
         if self.layout not in LAYOUTS:

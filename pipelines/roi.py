@@ -77,7 +77,8 @@ def region_for_box(box, size: int, width: int, height: int) -> tuple[int, int, i
     one more column each side keeps the upsampling's edge columns out.
     """
     left, top, w, h = box
-    sx, sy = max(w / size, 1.0), max(h / size, 1.0)
+    out_h, out_w = crop.output_hw(size)  # size: an int or (h, w)
+    sx, sy = max(w / out_w, 1.0), max(h / out_h, 1.0)
     x0 = max(math.floor(left - sx - 0.5) - 1 - EDGE, 0)
     y0 = max(math.floor(top - sy - 0.5) - 1, 0)
     x1 = min(math.ceil(left + w + sx + 0.5) + 1 + EDGE, width)

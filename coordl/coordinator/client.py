@@ -335,6 +335,10 @@ def _check_dataset(dataset, batch_size) -> None:
     if missing:
         raise ConfigError(f"coordinator=... needs a coordl.ImageFolder (the daemon prepares its "
                           f"items); {type(dataset).__name__} has no {', '.join(missing)}")
+    if not isinstance(dataset.size, int):  # ImageFolder(size=(h, w)) with h != w
+        raise ConfigError(f"coordinator=... serves square batches (coordl serve --size N): this "
+                          f"dataset has size={dataset.size!r}; pass ImageFolder(size=<one int>), or "
+                          "drop coordinator= for size=(height, width)")
     if dataset.transform not in ("train", "val"):
         raise ConfigError(f"coordinator=... needs transform='train' or 'val' (the daemon runs "
                           f"them); the dataset has transform={dataset.transform!r}")

@@ -162,3 +162,50 @@ def test_a_persisted_manifest_gives_the_same_dataset(tmp_path, tiny_root):
         assert ds.samples == scanned.samples and ds.classes == scanned.classes
         assert ds.fingerprint == scanned.fingerprint
         assert bytes(ds.fetch(3)) == bytes(scanned.fetch(3))
+
+
+@pytest.mark.parametrize("transform", ["train", "val"])
+def test_size_height_width_gives_batches_of_b_3_h_w(tiny_root, transform):
+    from coordl.pipelines import cpu, crop
+
+    ds = coordl.ImageFolder(tiny_root, transform=transform, size=(40, 24), seed=2)
+    assert ds.size == (40, 24) and "size=(40, 24)" in repr(ds)
+    x, _ = ds[3]
+    raw = ds.fetch(3)
+    want = cpu.train(raw, (40, 24), crop.item_rng(2, 0, 3)) if transform == "train" else cpu.val(raw, (40, 24))
+    assert x.shape == (3, 40, 24) and np.array_equal(x.permute(1, 2, 0).numpy(), want)
+    batches = {}
+    for workers in (0, 2):
+        loader = coordl.DataLoader(ds, batch_size=6, num_workers=workers, shuffle=False)
+        batches[workers] = [(b.clone(), y.clone()) for b, y in loader]
+        assert [tuple(b.shape) for b, _ in batches[workers]] == [(6, 3, 40, 24)] * 6 + [(4, 3, 40, 24)]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(batches[0], batches[2]))
+    assert torch.equal(batches[0][0][0][3], x)
+
+
+def test_a_square_height_width_is_the_int_size(tiny_root):
+    for size in ((32, 32), [32, 32], (np.int64(32), np.int64(32))):
+        ds = coordl.ImageFolder(tiny_root, transform="train", size=size)
+        assert ds.size == 32 and type(ds.size) is int
+    assert torch.equal(coordl.ImageFolder(tiny_root, size=(32, 32))[5][0],
+                       coordl.ImageFolder(tiny_root, size=32)[5][0])
+
+
+@pytest.mark.parametrize("size", [0, -1, True, 1.5, "224", (224,), (224, 160, 3), (0, 160), (224, True),
+                                  (224.0, 160), None])
+def test_a_size_that_is_not_an_int_or_height_width_is_refused_by_name(tiny_root, size):
+    with pytest.raises(coordl.ConfigError, match=r"size=.* must be a positive int \(height = width\) or "
+                                                  r"\(height, width\).*size=\(224, 160\)"):
+        coordl.ImageFolder(tiny_root, size=size)
+
+
+def test_non_square_sizes_are_refused_clearly_where_only_square_is_made(tiny_root):
+    from coordl.coordinator.client import _check_dataset
+    from coordl.pipelines import dali
+
+    ds = coordl.ImageFolder(tiny_root, transform="train", size=(40, 24))
+    with pytest.raises(coordl.ConfigError, match=r"size=\(40, 24\): the DALI backend makes square images "
+                                                  r"only.*backend='cpu'"):
+        dali.Recipe(ds.transform, ds.size, ds.seed)
+    with pytest.raises(coordl.ConfigError, match=r"coordinator=.*size=\(40, 24\).*drop coordinator="):
+        _check_dataset(ds, 4)

@@ -220,3 +220,58 @@ def test_pipelines_cite_only_results_that_exist():
     assert cited, "no citation found: the check checked nothing"
     missing = sorted(c for c in cited if not os.path.exists(os.path.join(REPO, c)))
     assert not missing, f"pipelines/ cite results that do not exist: {missing}"
+
+
+# -- size=(h, w) ------------------------------------------------------------------------------
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.mark.parametrize("hw", [(48, 32), (32, 48), (40, 40)])
+def test_train_and_val_of_height_width_give_h_by_w_pixels(bench_sample, hw):
+    for i, raw in enumerate(bench_sample[:8]):
+        assert cpu.train(raw, hw, crop.item_rng(0, 0, i)).shape == (*hw, 3)
+        assert cpu.val(raw, hw).shape == (*hw, 3)
+        out = np.empty((*hw, 3), dtype=np.uint8)
+        assert cpu.val(raw, hw, out=out) is out and np.array_equal(out, cpu.val(raw, hw))
+
+
+def test_a_square_height_width_is_the_int_size_bit_for_bit(bench_sample):
+    for i, raw in enumerate(bench_sample[:12]):
+        assert np.array_equal(cpu.train(raw, (56, 56), crop.item_rng(1, 0, i)),
+                              cpu.train(raw, 56, crop.item_rng(1, 0, i)))
+        assert np.array_equal(cpu.val(raw, (56, 56)), cpu.val(raw, 56))
+
+
+@pytest.mark.parametrize("hw", [(224, 160), (160, 224)])
+def test_height_width_train_and_val_against_the_full_decode_reference(bench_sample, hw):
+    """train: RandomResizedCrop((h, w)) + flip; val: Resize(max(h, w) / 0.875) + CenterCrop((h, w)),
+    each done the torchvision way on the full decode; the fast path within 35 dB of it."""
+    out_h, out_w = hw
+    for i, raw in enumerate(bench_sample[:20]):
+        img = Image.open(io.BytesIO(raw)).convert("RGB")
+        rng = crop.item_rng(2, 0, i)
+        left, top, w, h = crop.random_resized_crop_box(*img.size, rng)
+        ref = img.crop((left, top, left + w, top + h)).resize((out_w, out_h), Image.Resampling.BILINEAR)
+        if crop.flip(rng):
+            ref = ref.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        assert _psnr(cpu.train(raw, hw, crop.item_rng(2, 0, i)), np.asarray(ref)) >= 35, f"train {i}"
+        short, resized = min(img.size), int(max(hw) / crop.VAL_RESIZE_RATIO)
+        rw, rh = (resized, int(resized * img.height / img.width)) if img.width == short else (
+            int(resized * img.width / img.height), resized)
+        big = img.resize((rw, rh), Image.Resampling.BILINEAR)
+        cl, ct = int(round((rw - out_w) / 2)), int(round((rh - out_h) / 2))
+        ref = np.asarray(big.crop((cl, ct, cl + out_w, ct + out_h)))
+        assert _psnr(cpu.val(raw, hw), ref) >= 35, f"val {i}"
+
+
+@pytest.mark.skipif(not roi.AVAILABLE, reason="the ROI decoder is not built")
+def test_height_width_through_the_roi_decoder_equals_the_pillow_path(bench_sample):
+    for i, raw in enumerate(bench_sample[:20]):
+        for hw in ((224, 160), (96, 200)):
+            assert np.array_equal(cpu.train(raw, hw, crop.item_rng(3, 0, i), draft=False),
+                                  cpu.train(raw, hw, crop.item_rng(3, 0, i), draft=False, roi=False))
+            d = np.abs(cpu.val(raw, hw).astype(int) - cpu.val(raw, hw, roi=False))
+            assert d.max() <= 1, f"val {i} {hw}"

@@ -76,3 +76,37 @@ def test_center_crop_box_matches_torchvision_resize_then_center_crop(w, h):
     assert math.isclose(min(cw, ch), size / scale, rel_tol=0.02)
     assert math.isclose(left + cw / 2, w / 2, abs_tol=1.5 / scale)
     assert math.isclose(top + ch / 2, h / 2, abs_tol=1.5 / scale)
+
+
+# -- size=(h, w), as torchvision takes it -----------------------------------------------------
+
+def test_output_hw_reads_an_int_or_height_width():
+    assert crop.output_hw(224) == (224, 224)
+    assert crop.output_hw((224, 160)) == (224, 160)
+
+
+@pytest.mark.parametrize("w,h", [(500, 375), (375, 500), (640, 256)])
+@pytest.mark.parametrize("out_h,out_w", [(224, 160), (160, 224), (100, 300)])
+def test_center_crop_box_of_height_width_matches_resize_then_center_crop(w, h, out_h, out_w):
+    """Resize(max(h, w) / 0.875) on the shorter side, then CenterCrop((h, w)): the kept region
+    has the output's aspect, is centred, and is the output size in resized pixels."""
+    left, top, cw, ch = crop.center_crop_box(w, h, (out_h, out_w))
+    scale = int(max(out_h, out_w) / crop.VAL_RESIZE_RATIO) / min(w, h)
+    assert math.isclose(cw, out_w / scale, rel_tol=0.02) and math.isclose(ch, out_h / scale, rel_tol=0.02)
+    assert math.isclose(left + cw / 2, w / 2, abs_tol=1.5 / scale)
+    assert math.isclose(top + ch / 2, h / 2, abs_tol=1.5 / scale)
+    assert 0 <= left and left + cw <= w + 1e-9 and 0 <= top and top + ch <= h + 1e-9
+
+
+def test_a_square_height_width_is_the_int_size_exactly():
+    for w, h in [(500, 375), (375, 500), (1500, 1125), (224, 224)]:
+        assert crop.center_crop_box(w, h, (224, 224)) == crop.center_crop_box(w, h, 224)
+        for box in _boxes(w, h, n=300):
+            assert crop.scale_denom(box, (112, 112), (w, h)) == crop.scale_denom(box, 112, (w, h))
+
+
+def test_scale_denom_keeps_both_sides_of_a_non_square_output_sharp():
+    box = (0, 0, 600, 450)
+    assert crop.scale_denom(box, 100, (1200, 900)) == 2          # 450 / (100 * 1.25) = 3.6
+    assert crop.scale_denom(box, (224, 100), (1200, 900)) == 1   # height: 450 / (224 * 1.25) = 1.6
+    assert crop.scale_denom(box, (100, 224), (1200, 900)) == 2   # width 600 / 280, height 450 / 125
