@@ -210,6 +210,12 @@ def decompose(n_items: int, ingestion: float, prep: float, fetch: float) -> Stal
     return Stalls(with_fetch, compute, with_prep - compute, with_fetch - with_prep)
 
 
+def predicted_stalls(inp: Inputs, n_items: int, cache_fraction: float, workers: int) -> Stalls:
+    """The epoch split the model predicts at (`cache_fraction`, `workers`): compute at the ingestion
+    rate, prep stall up to the all-cached prediction, fetch stall the rest."""
+    return decompose(n_items, inp.ingestion, predict(inp, 1.0, workers), predict(inp, cache_fraction, workers))
+
+
 def what_if_cache(inp: Inputs, workers: int, fractions: list[float]) -> list[tuple[float, float]]:
     """(cache fraction, predicted samples/s) at `workers`."""
     return [(f, predict(inp, f, workers)) for f in fractions]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import model
+from . import advice, model
 
 CACHE_FRACTIONS = [k / 10 for k in range(11)]
 
@@ -25,6 +25,13 @@ class ProfileResult:
             workers) and ``by_workers`` (at the profiled cache), ``smallest_cache`` and
             ``fewest_workers`` that remove the fetch and prep stall.
         validation: ``{config, predicted, measured, error_pct}`` per validated configuration.
+        verdict: ``{"stall": "fetch" | "prep" | "none", "text"}``: which stall dominates the
+            profiled run's epoch (advice.py).
+        advice: what to change, each ``{"action", "text", "predicted", ...}`` from the model's
+            predictions (a cache size, workers or cores, DALI on a GPU, the coordinator for k jobs).
+        notes: why measured numbers that look contradictory are what they are.
+        stall_bars: the epoch split, measured for the profiled run and predicted for it and for
+            each advised configuration (``label``, ``kind``, seconds of compute, prep and fetch stall).
     """
 
     settings: dict
@@ -36,10 +43,14 @@ class ProfileResult:
     measured: dict
     what_if: dict
     validation: list = field(default_factory=list)
+    verdict: dict = field(default_factory=dict)
+    advice: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    stall_bars: list = field(default_factory=list)
 
     @classmethod
     def build(cls, settings, inputs: model.Inputs, ingest, alone, cold, cached, profiled, profiled_fraction,
-              validation) -> ProfileResult:
+              validation, rounds: dict | None = None) -> ProfileResult:
         W = settings["workers"]
         n = settings["items"]
         rates = {"ingestion": ingest.rate, "prep": cached[-1].rate, "fetch": profiled.rate}
@@ -85,9 +96,17 @@ class ProfileResult:
         }
         for v in validation:
             v["error_pct"] = 100.0 * (v["predicted"] - v["measured"]) / v["measured"]
+        found = advice.verdict(st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct, settings.get("device", "cpu"))
+        todo = advice.advise(inputs, found["stall"], W, profiled_fraction, settings["dataset_bytes"],
+                             settings.get("device", "cpu"), max_w)
+        rounds = rounds or {}
+        explain = advice.notes(inputs, rates, [t.rate for t in cached], [t.rate for t in cold],
+                               [t.rate for t in alone], W, profiled_fraction,
+                               {"all cached": rounds.get(f"cached{W}", []), "profiled": rounds.get("profiled", [])})
         return cls(settings, rates, st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct,
                    {"total_s": st.epoch_s, "compute_s": st.compute_s, "prep_stall_s": st.prep_stall_s,
-                    "fetch_stall_s": st.fetch_stall_s}, measured, what_if, validation)
+                    "fetch_stall_s": st.fetch_stall_s}, measured, what_if, validation, found, todo, explain,
+                   _stall_bars(inputs, n, st, profiled_fraction, W, todo))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +135,30 @@ def _timed(t) -> dict:
             "cores_busy": t.cores_busy,
             **({"storage_reads": t.stats.get("storage_reads", 0), "cache_hits": t.stats.get("cache_hits", 0)}
                if t.stats else {})}
+
+
+def _stall_bars(inputs: model.Inputs, n: int, measured: model.Stalls, x0: float, W: int,
+                todo: list[dict]) -> list[dict]:
+    """The measured epoch split of the profiled run, then the model's for it, for each advised
+    cache size or worker count, and for everything cached."""
+    def bar(label: str, kind: str, st: model.Stalls) -> dict:
+        return {"label": label, "kind": kind, "compute_s": st.compute_s, "prep_stall_s": st.prep_stall_s,
+                "fetch_stall_s": st.fetch_stall_s}
+
+    bars = [bar(f"measured\n{x0:.0%} cached, {W}w", "measured", measured)]
+    configs = [(x0, W)]
+    for a in todo:
+        if a["action"] == "cache":
+            configs.append((a["cache_fraction"], W))
+        elif a["action"] == "workers":
+            configs.append((configs[-1][0] if len(configs) > 1 else x0, a["workers"]))
+    configs.append((1.0, max(w for _x, w in configs)))
+    seen = set()
+    for x, w in configs:
+        if (round(x, 4), w) not in seen:
+            seen.add((round(x, 4), w))
+            bars.append(bar(f"predicted\n{x:.0%} cached, {w}w", "predicted", model.predicted_stalls(inputs, n, x, w)))
+    return bars
 
 
 def _smallest_cache(inputs: model.Inputs, workers: int, dataset_bytes: int) -> dict:

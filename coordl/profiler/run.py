@@ -197,7 +197,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
                   "device": str(dev), "dataset": str(s.ds.root), "items": len(s.ds),
                   "dataset_bytes": s.total_bytes},
         inputs=inputs, ingest=ingest, alone=alone, cold=cold, cached=cached, profiled=profiled,
-        profiled_fraction=x0, validation=validation)
+        profiled_fraction=x0, validation=validation, rounds={k: [t.rate for t in v] for k, v in rounds.items()})
     result.measured.update(
         rounds={key: [t.rate for t in runs] for key, runs in rounds.items()},
         cpu_cores_busy=profiled.cores_busy,

@@ -61,6 +61,9 @@ def test_cli_writes_table_json_and_png(tiny_root, steps_dir):
         assert len(v["measured_rounds"]) == 1 and v["measured_rounds"][0] == v["measured"]
     assert d["settings"]["model"] == "mysteps:step"
     assert png.read_bytes()[:4] == b"\x89PNG"
+    assert d["verdict"]["text"] in p.stdout and "advice (from the model's predictions):" in p.stdout
+    assert isinstance(d["advice"], list) and d["advice"]
+    assert 0 < d["measured"]["cpu_cores_busy"] <= len(os.sched_getaffinity(0))
 
 
 def test_cli_builtin_model_runs(tiny_root, tmp_path):

@@ -71,6 +71,16 @@ def test_profile_measures_every_stage_and_validates(ds):
         assert c["error_pct"] == pytest.approx(100 * (c["predicted"] - c["measured"]) / c["measured"])
     text = r.table()
     assert "fetch stall" in text and "validation" in text
+    # a verdict and advice, in the JSON and in the text
+    assert d["verdict"]["stall"] in ("fetch", "prep", "none") and d["verdict"]["text"] in text
+    assert d["advice"] and all({"action", "text"} <= set(a) for a in d["advice"])
+    assert all(a["text"][:40] in text.replace("\n  ", " ") for a in d["advice"])
+    assert isinstance(d["notes"], list)
+    # the stall bars: the measured split of the profiled run first, then the model's
+    bars = d["stall_bars"]
+    assert bars[0]["kind"] == "measured" and all(b["kind"] == "predicted" for b in bars[1:])
+    assert bars[0]["prep_stall_s"] == pytest.approx(d["epoch"]["prep_stall_s"])
+    assert bars[0]["fetch_stall_s"] == pytest.approx(d["epoch"]["fetch_stall_s"])
 
 
 def test_profiled_cache_holds_its_share(ds):
