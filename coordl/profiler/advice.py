@@ -128,7 +128,8 @@ def _worker_advice(inp, workers, x, max_workers, now) -> list[dict]:
         need = inp.ingestion * (1 - x) * inp.item_bytes
         out.append({"action": "storage", "predicted": best, "short": "faster storage",
                     "text": "faster storage or a bigger cache: the storage's "
-                            f"{inp.storage_bandwidth(best_w) / MiB:.0f} MiB/s binds; the ingestion rate needs {need / MiB:.0f} MiB/s at {x:.0%} cached"})
+                            f"{inp.storage_bandwidth(best_w) / MiB:.0f} MiB/s binds; "
+                            f"the ingestion rate needs {need / MiB:.0f} MiB/s at {x:.0%} cached"})
     return out
 
 
