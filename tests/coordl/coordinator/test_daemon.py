@@ -110,15 +110,17 @@ def test_sigkill_of_the_daemon_makes_jobs_raise_promptly(tiny_root, serve, jobs)
     running = [jobs(tiny_root, served, epochs=1000, sleep=0.02) for _ in range(2)]
     for job in running:
         job.wait_for("batch 0 2")
-    killed_at = time.time()
     served.proc.kill()
     served.proc.wait()
-    for job in running:
+    for job in running:  # epochs=1000: without the daemon's death they would go on for minutes
         result = job.result(timeout=20)
         assert result["returncode"] == 3
         assert result["error_type"] == "CoordinatorError"
-        assert "went away" in result["error"]
-        assert result["error_at"] - killed_at < 5.0
+        # an event, not a clock: the job learnt it from the socket the kernel closed (EOF) or
+        # from the daemon's pid check, never by waiting out a timeout
+        assert re.search(r"went away: (it closed the connection|its process is gone|the "
+                         r"connection broke while sending)", result["error"]), result["error"]
+        assert "within" not in result["error"]
     deadline = time.monotonic() + 5
     while alive(served.workers) and time.monotonic() < deadline:  # PR_SET_PDEATHSIG
         time.sleep(0.05)
