@@ -9,21 +9,26 @@ order. `get` returns a zero-copy memoryview into the shared arena.
 NOTE [lifecycle of a cache segment]
 - Who creates: the first process that opens the cache for a dataset
   fingerprint (`MinIOCache.open`, done by `coordl.DataLoader(cache=...)` in the
-  training process). It checks free space (statvfs), builds the file under a
-  temporary name with every byte allocated (posix_fallocate: no SIGBUS later),
-  writes the header, and publishes it with link(): a racing creator loses the
-  link, deletes its copy and attaches to the winner's.
+  training process). It checks that the whole segment would fit (statvfs),
+  builds the file under a temporary name with its header and index allocated
+  and the arena left a hole (no memory taken: see NOTE [capacity]), writes the
+  header, and publishes it with link(): a racing creator loses the link,
+  deletes its copy and attaches to the winner's.
 - Who attaches: every other process opening the same fingerprint (other jobs,
   restarted jobs, spawned workers via __setstate__). Forked workers inherit
   the mapping; on first use they reopen the file (own lock state, see
   `cache.shm`) and register themselves. Attached processes hold a shared lock
-  on byte 1 and a slot in the header's pid table.
+  on byte 1 and a slot in the header's pid table. An opener that asks for
+  another capacity than the segment's replaces it (unlinks it under the
+  writers' lock and creates its own) when the pid table lists no living
+  process, and is refused otherwise (NOTE [capacity]).
 - Who writes: any attached process, one at a time, under the writers' lock.
   SIGKILL while holding it: the kernel releases the lock; the entry being
   written was reserved but never published, so no reader can see it (its
   bytes are lost capacity).
-- Who unlinks: only `drop()` / `coordl cache drop`, and `coordl cleanup` for a
-  segment whose creator is dead and to which no process is attached.
+- Who unlinks: `drop()` / `coordl cache drop`, `coordl cleanup` for a segment
+  whose creator is dead and to which no process is attached, and an opener
+  of another capacity for a segment no living process is registered in.
   `close()` and process exit only detach. A dropped segment stays mapped (and
   correct) in processes still attached to it until they close; new openers
   build a new one.
@@ -33,6 +38,28 @@ NOTE [lifecycle of a cache segment]
 - Superseded: a segment whose dataset (same label, the root folder) has a
   newer segment in the folder is stale (`coordl cache ls` says so);
   `coordl cleanup` removes it once nothing is attached.
+
+NOTE [capacity: only what the dataset can use, memory as it fills]
+- The capacity is capped to the dataset's bytes (``open(dataset_bytes=)``,
+  which ``coordl.DataLoader`` and ``coordl serve`` pass from the manifest): a
+  64 GiB request over a 60 MB dataset makes a 60 MB arena. Items are packed
+  with no padding, so that is enough for every item (less a reservation
+  leaked by a writer killed mid-insert).
+- Only the header and index are allocated at creation. The arena is a hole
+  in the file (a tmpfs takes no page for it); `put` allocates the item's
+  range (posix_fallocate) under the writers' lock before it reserves and
+  writes it, so memory grows with what is cached, and a tmpfs that others
+  have filled meanwhile refuses the put (the item stays a miss, read from
+  storage; one `CacheFullWarning` per process) where a write into an
+  unallocated page would SIGBUS the process.
+- Sizes are compared after the cap. An opener whose capacity differs from
+  the existing segment's: when no living process is registered in it, the
+  opener unlinks it (the writers' lock held, so a concurrent opener waits
+  and then finds the name gone) and creates one of its own size (what was
+  cached is lost: it is a new cache); when one is, the opener gets a
+  `CacheError` naming both sizes, the processes and the fix. Registration
+  checks under the same lock that the segment is still the published one,
+  so no process registers into a segment that was just replaced.
 
 NOTE [checksums]
 Every entry carries the xxh3-64 of its bytes (`cache.checksum`), stored by
@@ -52,43 +79,54 @@ start afresh.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
+import warnings
 from collections.abc import Iterator
 
 from coordl.errors import CacheError, ConfigError
 
 from . import shm
 from .checksum import digest
-from .layout import CORRUPT, Segment, file_size
+from .layout import CORRUPT, Segment, data_offset, file_size
 
 _OPEN_TRIES = 5
+
+
+class CacheFullWarning(UserWarning):
+    """The shared-memory folder has no room left for an item the cache would admit."""
 
 
 class MinIOCache:
     """A node-wide cache of encoded item bytes for one dataset fingerprint.
 
     Args:
-        capacity: bytes of item data the cache may hold (its shared-memory
-            segment is this plus a 16-byte-per-item index).
+        capacity: bytes of item data the cache may hold, at most the dataset's
+            bytes (see `open`); its shared-memory segment is this plus a
+            24-byte-per-item index, and takes memory only as items are cached.
         directory: the shared-memory folder that holds the segment.
         name: segment name (default ``coordl-cache-<fingerprint[:16]>``, which
             is how every process on the node finds the same cache).
 
     Nothing is allocated until `open` (done by ``coordl.DataLoader``). If the
-    segment exists already, `open` attaches to it and its capacity wins.
+    segment exists already with the same capacity (after the cap), `open`
+    attaches to it; with another one, it makes a new cache when no process
+    uses the old one and raises `CacheError` when one does (NOTE [capacity]).
     """
 
     def __init__(self, capacity: int, *, directory: str = shm.SHM_DIR, name: str | None = None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise ConfigError(f"capacity={capacity!r} must be a positive number of bytes, e.g. 8 * 2**30")
         self.capacity, self.directory, self._name = capacity, os.fspath(directory), name
+        self.requested = capacity  # what was asked for; `capacity` is what it is once open
         self.fingerprint: str | None = None
         self._n = 0
         self._label = ""
         self._seg: Segment | None = None
         self._pid = os.getpid()
         self._tlock = threading.Lock()
+        self._warned = False  # CacheFullWarning given (once per process)
 
     # -- opening --
     @property
@@ -103,22 +141,52 @@ class MinIOCache:
     def is_open(self) -> bool:
         return self._seg is not None
 
-    def open(self, fingerprint: str, n_items: int, label: str = "") -> MinIOCache:
-        """Attach to the cache of this dataset on this node, creating it if there is none."""
+    def open(self, fingerprint: str, n_items: int, label: str = "",
+             dataset_bytes: int | None = None) -> MinIOCache:
+        """Attach to the cache of this dataset on this node, creating it if there is none.
+
+        `dataset_bytes` (the sum of the items' sizes) caps the capacity: a cache never holds
+        more than the dataset. A segment of another capacity is replaced when no process uses
+        it, else `CacheError` (NOTE [capacity]).
+        """
         if self.fingerprint is not None and self.fingerprint != fingerprint:
             raise ConfigError(f"this MinIOCache already serves dataset {self.fingerprint[:16]}; "
                               "make one MinIOCache per dataset")
         if self._seg is not None:
             return self
         self.fingerprint, self._n, self._label = fingerprint, int(n_items), label
+        if dataset_bytes is not None:
+            self.capacity = max(min(self.requested, int(dataset_bytes)), 1)
         for _ in range(_OPEN_TRIES):
             seg = self._attach() or self._create()
-            if seg is not None:
-                self._seg, self._pid, self.capacity = seg, os.getpid(), seg.capacity
-                self._register()
+            if seg is None:
+                continue
+            if self._join(seg):
+                self._seg, self._pid = seg, os.getpid()
                 return self
+            seg.close()  # replaced or dropped between opening and registering: open again
         raise CacheError(f"cannot open cache segment {self.path}: it is being created and removed "
-                         "concurrently; retry, or drop it with `coordl cache drop`")
+                         "concurrently (or other processes keep asking for other sizes); retry, "
+                         "or drop it with `coordl cache drop`")
+
+    def _join(self, seg: Segment) -> bool:
+        """Register in `seg` if it is still the published segment (under the writers' lock)."""
+        shm.lock_writer(seg.fd)
+        try:
+            if not self._published(seg):
+                return False
+            seg.register(os.getpid(), shm.proc_start(os.getpid()) or 0)
+            return True
+        finally:
+            shm.unlock_writer(seg.fd)
+
+    def _published(self, seg: Segment) -> bool:
+        """Is `seg` the file under the segment's name now (not unlinked, not replaced)?"""
+        try:
+            named, mine = os.stat(self.path), os.fstat(seg.fd)
+        except FileNotFoundError:
+            return False
+        return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
 
     def _attach(self) -> Segment | None:
         try:
@@ -141,14 +209,44 @@ class MinIOCache:
                 f"cache segment {self.path} holds dataset {theirs[:16]} ({n} items), "
                 f"not {self.fingerprint[:16]} ({self._n} items): pass another name=, or drop it "
                 f"(coordl cache drop {self.name})")
+        if seg.capacity != self.capacity:
+            return self._replace(seg)
         return seg
+
+    def _replace(self, seg: Segment) -> None:
+        """`seg` has another capacity: unlink it when no living process is registered in it (the
+        caller then creates one of ours), else refuse with both sizes and the fix."""
+        theirs = seg.capacity
+        shm.lock_writer(seg.fd)
+        try:
+            users = seg.attached()
+            if not users and self._published(seg):
+                os.unlink(self.path)
+        finally:
+            shm.unlock_writer(seg.fd)
+            seg.close()
+        if users:
+            raise CacheError(self._size_conflict(theirs, users))
+        return None
+
+    def _size_conflict(self, theirs: int, users: list[int]) -> str:
+        asked = shm.fmt_bytes(self.capacity)
+        if self.capacity != self.requested:
+            asked += f" ({shm.fmt_bytes(self.requested)} capped to the dataset's bytes)"
+        return (f"cache segment {self.path} of dataset {self.fingerprint[:16]} has capacity "
+                f"{shm.fmt_bytes(theirs)} ({theirs} bytes) and is in use by process(es) "
+                f"{', '.join(map(str, users))}; this cache asks for {asked} ({self.capacity} "
+                f"bytes): pass {theirs} as the cache size to share it (cache={theirs}, or coordl "
+                f"serve --cache {theirs}), or stop those processes first and the next open makes "
+                "a cache of the new size")
 
     def _create(self) -> Segment | None:
         size = file_size(self._n, self.capacity)
         fd, tmp = shm.create_tmp(
             self.directory, self.name, size,
             f"cache capacity {shm.fmt_bytes(self.capacity)} (segment {shm.fmt_bytes(size)} with its index)",
-            f"pass a smaller cache (e.g. cache='{self._fitting_mib(size)}MiB')")
+            f"pass a smaller cache (e.g. cache='{self._fitting_mib(size)}MiB')",
+            allocate=data_offset(self._n))  # the arena: as it fills (NOTE [capacity])
         try:
             seg = Segment.create(fd, tmp, self.capacity, self._n, self.fingerprint, self._label)
         except BaseException:
@@ -236,7 +334,7 @@ class MinIOCache:
         checksum = digest(raw)
         with self._writer() as seg:
             off = seg.used
-            if seg.lengths[i] != 0 or off + n > seg.capacity:
+            if seg.lengths[i] != 0 or off + n > seg.capacity or not self._allocate(seg, off, n):
                 return False
             seg.head["used"] = off + n     # 1. reserve: a writer killed from here on leaks, never exposes
             self._write(seg, off, raw)     # 2. copy the bytes
@@ -244,6 +342,23 @@ class MinIOCache:
             seg.checksums[i] = checksum
             seg.lengths[i] = n
         return True
+
+    def _allocate(self, seg: Segment, off: int, n: int) -> bool:
+        """Allocate the arena's pages for [off, off + n) (NOTE [capacity]); False when the folder
+        is full (warned once per process), so the item is not admitted instead of a SIGBUS."""
+        try:
+            os.posix_fallocate(seg.fd, seg.data_offset + off, n)
+            return True
+        except OSError as e:
+            if not self._warned:
+                self._warned = True
+                why = "is full" if e.errno in (errno.ENOSPC, errno.EFBIG) else f"refused ({e.strerror})"
+                warnings.warn(
+                    f"cache segment {self.path}: {self.directory} {why} after "
+                    f"{shm.fmt_bytes(seg.used)} of {shm.fmt_bytes(seg.capacity)} were cached; items "
+                    "beyond are read from storage: free space there, or make the cache smaller",
+                    CacheFullWarning, stacklevel=4)
+            return False
 
     def _write(self, seg: Segment, off: int, raw) -> None:
         seg.arena[off:off + memoryview(raw).nbytes] = memoryview(raw).cast("B")

@@ -3,7 +3,7 @@
 Every coordl segment (a MinIO cache, a coordinator's ring) is one file in a
 shared-memory folder (`SHM_DIR`: ``/dev/shm``, a tmpfs) that processes map with
 ``MAP_SHARED``. This module is the one place that knows files and processes:
-`create` (exclusive, every byte allocated, the out-of-space message),
+`create` (exclusive, allocated up front or left sparse, the out-of-space message),
 `list_names` (by prefix), `free_bytes`, `alive` (pid plus start time),
 `owner_uid`/`others` (segments of other users, which coordl never touches)
 and `socket_state` (is anybody accepting on a Unix socket). It knows nothing
@@ -96,19 +96,28 @@ def check_free_space(directory: str, need: int, what: str, fix: str,
                     f"{directory}, or mount a larger {directory} (docker: --shm-size)")
 
 
-def create(path: str, size: int, what: str, fix: str, error: type[CoordlError] = CacheError) -> int:
-    """A new file of `size` bytes, mode 0600, created exclusively (O_EXCL, no symlink followed),
-    every byte allocated now (posix_fallocate: no SIGBUS later). Returns its descriptor.
+def create(path: str, size: int, what: str, fix: str, error: type[CoordlError] = CacheError,
+           allocate: int | None = None) -> int:
+    """A new file of `size` bytes, mode 0600, created exclusively (O_EXCL, no symlink followed).
+    Returns its descriptor.
 
-    `what` names the segment and its size for the out-of-space message ("the ring (64.0 MiB)"),
-    `fix` says what the user passes instead ("pass fewer --slots"); `error` is the exception raised.
+    The first `allocate` bytes (default: all of them) are allocated now (posix_fallocate: no
+    SIGBUS when they are written through a mapping); the rest is a hole that takes no memory on a
+    tmpfs until its owner allocates it (the MinIO cache does, item by item, see `cache.minio`).
+    The free-space check is for the whole `size` all the same: a segment that could never fill
+    is refused now, not when it is half full. `what` names the segment and its size for the
+    out-of-space message ("the ring (64.0 MiB)"), `fix` says what the user passes instead ("pass
+    fewer --slots"); `error` is the exception raised.
     """
     directory = os.path.dirname(path) or "."
     check_free_space(directory, size, what, fix, error)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, 0o600)  # the umask may only remove bits, but say it anyway
-        os.posix_fallocate(fd, 0, size)
+        os.ftruncate(fd, size)
+        now = size if allocate is None else min(allocate, size)
+        if now > 0:
+            os.posix_fallocate(fd, 0, now)
     except OSError as e:
         os.close(fd)
         os.unlink(path)
@@ -126,10 +135,11 @@ def tmp_name(name: str) -> str:
     return f"{name}{_TMP}{pid}-{proc_start(pid) or 0}"
 
 
-def create_tmp(directory: str, name: str, size: int, what: str, fix: str) -> tuple[int, str]:
+def create_tmp(directory: str, name: str, size: int, what: str, fix: str,
+               allocate: int | None = None) -> tuple[int, str]:
     """`create` under the segment's building name (see `tmp_name`): (fd, tmp path)."""
     path = os.path.join(directory, tmp_name(name))
-    return create(path, size, what, fix), path
+    return create(path, size, what, fix, allocate=allocate), path
 
 
 def unlink(path: str) -> bool:

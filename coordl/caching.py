@@ -53,8 +53,11 @@ class MinIOCache(minio.MinIOCache):
 def cache_for(dataset: Any, cache: Any) -> Any:
     """Open (attach to or create) the cache of `dataset` on this node.
 
-    `cache` is a size (a node-wide MinIO cache of that capacity), a `MinIOCache`, or any
-    cache with the same `open(fingerprint, items, label=)` (a `coordl.PartitionedCache`).
+    `cache` is a size (a node-wide MinIO cache of that capacity, at most the dataset's bytes),
+    a `MinIOCache` (capped the same way), or any cache with the same
+    `open(fingerprint, items, label=)` (a `coordl.PartitionedCache`). A MinIO cache of the
+    dataset that exists with another capacity is replaced when no process uses it, else
+    `CacheError` names both sizes (see `coordl.cache.minio`, NOTE [capacity]).
     """
     fingerprint = getattr(dataset, "fingerprint", None)
     if not isinstance(fingerprint, str):
@@ -65,4 +68,13 @@ def cache_for(dataset: Any, cache: Any) -> Any:
     elif not callable(getattr(cache, "open", None)):
         raise ConfigError(f"cache={cache!r} is not a cache: pass a size such as '8GiB', a "
                           "coordl.MinIOCache or a coordl.PartitionedCache")
-    return cache.open(fingerprint, len(dataset), label=str(getattr(dataset, "root", "")))
+    label = str(getattr(dataset, "root", ""))
+    if isinstance(cache, minio.MinIOCache):  # capped to what the dataset can use (NOTE [capacity])
+        return cache.open(fingerprint, len(dataset), label=label, dataset_bytes=dataset_bytes(dataset))
+    return cache.open(fingerprint, len(dataset), label=label)
+
+
+def dataset_bytes(dataset: Any) -> int | None:
+    """The sum of the items' sizes from the dataset's manifest (None: it has none)."""
+    total = getattr(getattr(dataset, "manifest", None), "total_bytes", None)
+    return total if isinstance(total, int) and not isinstance(total, bool) else None

@@ -84,14 +84,16 @@ def test_first_touch_until_full_never_evict_never_replace(new_cache):
     assert cache.stats()["cache_bytes"] == 100 and cache.stats()["cache_items"] == 3
 
 
-def test_second_opener_attaches_by_fingerprint_and_its_capacity_wins(new_cache):
+def test_second_opener_of_the_same_capacity_attaches_by_fingerprint(new_cache):
     fp = secrets.token_hex(32)
     first = new_cache(4096, 3, fp)
     first.put(2, b"shared")
-    second = new_cache(10**9, 3, fp)        # another capacity: attaches, does not resize
+    second = new_cache(4096, 3, fp)
     assert second.path == first.path and second.capacity == 4096
     assert second.get(2) == b"shared"
     assert [n for n in os.listdir(shm.SHM_DIR) if n == first.name] == [first.name]
+    with pytest.raises(CacheError, match="4096"):   # another capacity: never silently this one
+        MinIOCache(10**9).open(fp, 3)               # (tests/cache/test_minio_capacity.py)
 
 
 def test_two_datasets_never_see_each_others_entries(new_cache):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 import coordl
 from coordl.cache import admin, shm
+from coordl.cache.layout import data_offset
 from coordl.caching import parse_size
 
 
@@ -121,7 +121,8 @@ def test_two_jobs_in_two_processes_share_one_segment_and_the_second_hits_at_once
         assert a["name"] == b["name"] == name
         assert _coordl_caches() - before == {name}                         # one segment, not two
         size = os.stat(os.path.join(shm.SHM_DIR, name)).st_blocks * 512
-        assert capacity <= size <= capacity + 64 * 1024                    # memory: one capacity
+        index = data_offset(len(ds))                                       # memory: one segment,
+        assert index + a["cache_bytes"] <= size <= index + a["cache_bytes"] + 4096  # what it holds
         assert a["storage_reads"] == len(ds) and a["cache_inserts"] == a["cache_items"]
         assert b["cache_hits"] == a["cache_items"] and b["cache_inserts"] == 0   # first epoch hits
         assert b["storage_bytes"] == ds.manifest.total_bytes - a["cache_bytes"]
@@ -146,7 +147,8 @@ def test_cache_outlives_the_loader_and_a_restarted_job_hits_at_once(own_root, dr
     dropped.append(loader.dataset)
     first = _epoch(loader)
     assert first["cache_hits"] == len(again) and first["storage_reads"] == 0
-    assert loader.dataset.cache.capacity == 2**20                   # it attached to what was there
+    # 1 MiB and 4 MiB are both capped to the dataset's bytes: the same cache, attached to
+    assert loader.dataset.cache.capacity == again.manifest.total_bytes
 
 
 def test_changed_file_gives_a_new_fingerprint_and_a_new_cache(own_root, dropped):
@@ -167,12 +169,55 @@ def test_changed_file_gives_a_new_fingerprint_and_a_new_cache(own_root, dropped)
     assert bytes(loader.dataset.fetch(3)) == _read(new, 7)
 
 
-def test_capacity_beyond_free_space_is_refused_before_training(own_root):
+def test_capacity_beyond_free_space_is_capped_to_the_dataset(own_root, dropped):
+    """More than the folder holds, over a dataset that fits: capped, accepted (a cache that could
+    never fit its dataset is refused with the free space: tests/cache/test_minio.py)."""
     ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(ds)
     free = shm.free_bytes(shm.SHM_DIR)
-    with pytest.raises(coordl.CacheError, match=f"does not fit {re.escape(shm.SHM_DIR)} .*--shm-size"):
-        coordl.DataLoader(ds, batch_size=8, cache=free + 2**30)
-    assert shm.segment_name(ds.fingerprint) not in os.listdir(shm.SHM_DIR)
+    loader = coordl.DataLoader(ds, batch_size=8, cache=free + 2**30)
+    dropped.append(loader.dataset)
+    assert loader.dataset.cache.capacity == ds.manifest.total_bytes
+
+
+def test_a_never_iterated_loader_takes_the_index_only(own_root, dropped):
+    """Issue 24: cache="1GiB" over a small dataset took 1 GiB of /dev/shm at once."""
+    ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(ds)
+    loader = coordl.DataLoader(ds, batch_size=8, num_workers=0, cache="1GiB")
+    dropped.append(loader.dataset)
+    cache = loader.dataset.cache
+    assert cache.capacity == ds.manifest.total_bytes and cache.requested == 2**30
+    assert os.stat(cache.path).st_size == data_offset(len(ds)) + ds.manifest.total_bytes
+    assert os.stat(cache.path).st_blocks * 512 <= data_offset(len(ds))   # no arena page yet
+    first, second = _epoch(loader), _epoch(loader)
+    assert first["cache_inserts"] == len(ds) and second["cache_hits"] == len(ds)  # all of it fits
+    assert second["storage_reads"] == 0
+
+
+def test_another_size_is_refused_while_in_use_and_honoured_once_unused(own_root, dropped):
+    ds = coordl.ImageFolder(own_root, transform="val", size=32)
+    dropped.append(ds)
+    total = ds.manifest.total_bytes
+    holder = coordl.DataLoader(ds, batch_size=8, cache=total // 2)
+    dropped.append(holder.dataset)
+    _epoch(holder)
+    for other in (total // 4, "10GiB"):                        # "10GiB": capped to `total`, still not total // 2
+        with pytest.raises(coordl.CacheError) as e:
+            coordl.DataLoader(ds, batch_size=8, cache=other)
+        msg = str(e.value)
+        assert shm.fmt_bytes(total // 2) in msg and str(total // 2) in msg and str(os.getpid()) in msg
+        assert shm.fmt_bytes(parse_size(other) if other != "10GiB" else total) in msg
+    assert "capped to the dataset" in msg and "stop those processes" in msg
+    same = coordl.DataLoader(ds, batch_size=8, cache=total // 2)   # the same size shares it
+    assert _epoch(same)["cache_hits"] == holder.stats()["cache_items"]
+    holder.dataset.cache.close()
+    same.dataset.cache.close()
+    smaller = coordl.DataLoader(ds, batch_size=8, cache=total // 4)  # nobody uses it: a new cache
+    dropped.append(smaller.dataset)
+    assert smaller.dataset.cache.capacity == total // 4 and smaller.stats()["cache_items"] == 0
+    first = _epoch(smaller)
+    assert first["storage_reads"] == len(ds) and 0 < smaller.stats()["cache_bytes"] <= total // 4
 
 
 def test_cache_arguments(own_root, dropped):
