@@ -10,6 +10,7 @@ lists them as another user's.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import click
@@ -36,7 +37,7 @@ def cache_group() -> None:
 @cache_group.command("ls")
 @_DIR
 def ls_cmd(directory: str) -> None:
-    """Each cache: dataset, capacity, fill, items, creator and attached processes."""
+    """Each cache: dataset, capacity, fill, memory taken, items, creator and attached processes."""
     infos, theirs, bad = admin.list_caches(directory), admin.foreign(directory), admin.unreadable(directory)
     if not infos and not theirs and not bad:
         click.echo(f"no coordl cache in {directory}")
@@ -48,6 +49,7 @@ def ls_cmd(directory: str) -> None:
         click.echo(f"{c.name}{stale if c.stale else ''}\n  dataset     {c.fingerprint[:16]}  {c.label}\n"
                    f"  capacity    {shm.fmt_bytes(c.capacity)}\n"
                    f"  fill        {shm.fmt_bytes(c.cached_bytes)} ({fill:.1f}%)\n"
+                   f"  memory      {_memory(directory, c.name)}\n"
                    f"  items       {c.items} of {c.n_items}\n"
                    f"  creator     {creator}\n"
                    f"  attached    {', '.join(map(str, c.attached)) or 'none'}"
@@ -84,6 +86,15 @@ def cleanup_cmd(directory: str) -> None:
     skipped = _skipped(directory, shm.COORDL_PREFIX)
     click.echo(f"cleanup: removed {len(removed)} segment(s) from {directory}"
                + (f", skipped {skipped} of other users" if skipped else ""))
+
+
+def _memory(directory: str, name: str) -> str:
+    """What the segment takes in the folder now: its index and the cached items' pages (the
+    arena is allocated as it fills, see coordl.cache.minio NOTE [capacity])."""
+    try:
+        return shm.fmt_bytes(os.stat(os.path.join(directory, name)).st_blocks * 512)
+    except FileNotFoundError:
+        return "gone (dropped meanwhile)"
 
 
 def _skipped(directory: str, prefix: str) -> int:

@@ -39,7 +39,9 @@ def _size(ctx, param, value):
 @click.option("--seed", type=int, default=0, show_default=True, help="Order and augmentation seed.")
 @click.option("--workers", type=int, default=None, help="Prep worker processes (default: all cores).")
 @click.option("--cache", "cache_bytes", default=None, callback=_size,
-              help="MinIO cache budget for the encoded bytes, e.g. 8GiB.")
+              help="MinIO cache budget for the encoded bytes, e.g. 8GiB: capped to the dataset's "
+                   "bytes, taken from shared memory as it fills. Another size than the dataset's "
+                   "existing cache makes a new one when no process uses it, else is refused.")
 @click.option("--socket", "socket_path", default=None, help=_SOCKET_HELP)
 @click.option("--slots", type=int, default=8, show_default=True,
               help="Ring slots K: the fastest job runs at most K batches ahead of the slowest.")

@@ -67,6 +67,7 @@ def test_ls_shows_dataset_capacity_fill_items_creator_and_attached(shm_dir):
         cache.drop()
     assert cache.name in out and fp[:16] in out and "/data/train" in out
     assert "capacity    8.0 KiB" in out and "4.0 KiB (50.0%)" in out and "items       2 of 10" in out
+    assert "memory      12.0 KiB" in out      # header and index (8 KiB), one page of items
     assert f"creator     {os.getpid()} (alive)" in out
     attached = out.split("attached")[1]
     assert str(os.getpid()) in attached and str(p.pid) in attached
