@@ -230,15 +230,14 @@ class MinIOCache:
         return None
 
     def _size_conflict(self, theirs: int, users: list[int]) -> str:
-        asked = shm.fmt_bytes(self.capacity)
+        asked = f"{shm.fmt_bytes(self.capacity)} ({self.capacity} bytes"
         if self.capacity != self.requested:
-            asked += f" ({shm.fmt_bytes(self.requested)} capped to the dataset's bytes)"
+            asked += f", {shm.fmt_bytes(self.requested)} capped to the dataset's bytes"
         return (f"cache segment {self.path} of dataset {self.fingerprint[:16]} has capacity "
                 f"{shm.fmt_bytes(theirs)} ({theirs} bytes) and is in use by process(es) "
-                f"{', '.join(map(str, users))}; this cache asks for {asked} ({self.capacity} "
-                f"bytes): pass {theirs} as the cache size to share it (cache={theirs}, or coordl "
-                f"serve --cache {theirs}), or stop those processes first and the next open makes "
-                "a cache of the new size")
+                f"{', '.join(map(str, users))}; this cache asks for {asked}): pass {theirs} as "
+                f"the cache size to share it (cache={theirs}, or coordl serve --cache {theirs}), "
+                "or stop those processes first and the next open makes a cache of the new size")
 
     def _create(self) -> Segment | None:
         size = file_size(self._n, self.capacity)
