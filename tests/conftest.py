@@ -66,6 +66,25 @@ def shm_session_dir():
         pytest.fail(f"left in {SHM_DIR} at the end of the session (leaked; removed now): {left}")
 
 
+# -- tiers: `pytest -m "not slow"` is the fast tier a developer runs before every commit ------------
+# Assigned here, by folder, file and fixture, never test by test: a new test lands in the right tier
+# by where it lives and what it starts. `slow` = starts a `coordl serve` daemon (the `serve` and
+# `sockdir` fixtures), runs a training framework (integrations/), a benchmark (bench/), a whole
+# profile run, or the demo.
+SLOW_FOLDERS = ("integrations", "bench")
+SLOW_FILES = ("coordl/profiler/test_profile.py", "coordl/profiler/test_cli_profile.py", "coordl/test_demo.py")
+SLOW_FIXTURES = {"serve", "sockdir"}
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS)
+        if (rel.split(os.sep)[0] in SLOW_FOLDERS or rel in SLOW_FILES
+                or SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_unconfigure(config):
     """A session that ran no test (--collect-only, a collection error) still removes its folder."""
     shutil.rmtree(SHM_DIR, ignore_errors=True)
