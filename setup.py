@@ -5,8 +5,8 @@
 jpeglib.h (Debian: libjpeg62-turbo-dev). When any of them is missing the
 build skips it (`optional=True`) and coordl decodes with Pillow alone.
 
-`coordl._statnames` stats the files of one folder in C for the dataset scan
-(coordl/_statnames.c); without it the scan calls libc's statx through
+`coordl.manifest._statnames` stats the files of one folder in C for the dataset scan
+(coordl/manifest/_statnames.c); without it the scan calls libc's statx through
 ctypes, or os.stat.
 
 Listing `ext_modules` turns off setuptools' automatic package discovery, so
@@ -33,8 +33,8 @@ setup(
             optional=True,
         ),
         Extension(
-            "coordl._statnames",
-            sources=["coordl/_statnames.c"],
+            "coordl.manifest._statnames",
+            sources=["coordl/manifest/_statnames.c"],
             extra_compile_args=["-Wall"],
             optional=True,
         ),

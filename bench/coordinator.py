@@ -10,7 +10,7 @@ uint8, batch 64, shuffled), in three ways:
            coordinator=...)`.
 - torch:   k independent `torch.utils.data.DataLoader(num_workers=W,
            persistent_workers=True)` over a torchvision-style Dataset
-           (coordl.baseline.TorchvisionStyleFolder: Pillow open, convert,
+           (coordl.cli.baseline.TorchvisionStyleFolder: Pillow open, convert,
            crop, resize, flip, to tensor), as a user writes it.
 - coordl:  k independent `coordl.DataLoader(num_workers=W, persistent_workers=True)`.
 
@@ -83,7 +83,7 @@ def _make_loader(a):
         ds = coordl.ImageFolder(a.data, transform="train")
         return coordl.DataLoader(ds, batch_size=a.batch_size, shuffle=True, num_workers=a.workers,
                                  persistent_workers=True)
-    from coordl.baseline import TorchvisionStyleFolder, worker_init_fn
+    from coordl.cli.baseline import TorchvisionStyleFolder, worker_init_fn
 
     return torch.utils.data.DataLoader(TorchvisionStyleFolder(a.data), batch_size=a.batch_size,
                                        shuffle=True, num_workers=a.workers, persistent_workers=True,

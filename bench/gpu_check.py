@@ -39,7 +39,8 @@ DEADLINE_S = 240.0  # stop timing more epochs past this (the whole check stays u
 
 def _no_gpu() -> str | None:
     """Why this machine cannot run the check, or None."""
-    from coordl import ConfigError, dali_loader
+    from coordl import ConfigError
+    from coordl.loader import dali as dali_loader
 
     try:
         dali_loader.require_dali()
@@ -52,7 +53,7 @@ def _no_gpu() -> str | None:
 def _dataset(root: str) -> None:
     if os.path.isdir(root):
         return
-    from coordl.synthetic import make_dataset
+    from coordl.cli.make_dataset import make_dataset
 
     print(f"[data] making 2000 JPEGs in {root}", flush=True)
     make_dataset(root, images=2000, classes=50, seed=0, large_fraction=0.2, progress=False)

@@ -139,7 +139,7 @@ def make_coordl_accelerate(a):
 def make_torch(a):
     import torch
 
-    from coordl.baseline import TorchvisionStyleFolder, worker_init_fn
+    from coordl.cli.baseline import TorchvisionStyleFolder, worker_init_fn
 
     ds = TorchvisionStyleFolder(a.root)
     loader = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True,
@@ -173,7 +173,7 @@ def make_floor(a):
     """Full decode of every file, one process on one core: the per-core decode floor."""
     from PIL import Image
 
-    from coordl.manifest import scan
+    from coordl.manifest.build import scan
 
     if a.floor_cpu is not None:
         os.sched_setaffinity(0, {a.floor_cpu})
@@ -201,7 +201,7 @@ def make_floor_parallel(a):
     """Full decode of every file by one process per core at once (cores share caches)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from coordl.manifest import scan
+    from coordl.manifest.build import scan
 
     m = scan(a.root)
     paths = [m.path(i) for i in range(len(m))]

@@ -108,7 +108,7 @@ def _run_child(args, side: str, fraction: float, cg: cgroup.Cgroup, epochs: int)
 
 
 def _facts(args, ds) -> dict:
-    from coordl.sysinfo import collect
+    from coordl.cli.info import collect
 
     model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     sizes = ds.manifest.sizes

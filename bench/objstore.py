@@ -3,7 +3,7 @@
     .venv/bin/python bench/objstore.py --images 400 --latency 0.020 [--bandwidth BYTES_PER_S]
 
 Starts a moto S3 server (tests/s3server.py) on a free loopback port, uploads a synthetic JPEG
-ImageFolder (coordl.synthetic), and puts bench/objstore_proxy.FaultProxy in front of it, which
+ImageFolder (coordl.cli.make_dataset), and puts bench/objstore_proxy.FaultProxy in front of it, which
 waits `--latency` per request (a remote store's round trip). Then, on the same objects:
 - `coordl read_many`: cache/objstore.ObjectStore.read_many over all keys in batches of `--batch`,
   at most `--in-flight` GETs at once;
@@ -30,7 +30,7 @@ from objstore_proxy import FaultProxy  # noqa: E402
 from s3server import MotoServer, upload_folder  # noqa: E402
 
 from coordl.cache.objstore import ObjectStore  # noqa: E402
-from coordl.synthetic import make_dataset  # noqa: E402
+from coordl.cli.make_dataset import make_dataset  # noqa: E402
 
 
 def _coordl(store: ObjectStore, keys: list[str], batch: int) -> int:

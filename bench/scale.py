@@ -23,7 +23,7 @@ and then the figures that grow with the item count: DataLoader worker start
 (iter to first batch) and per-worker USS/PSS over the first 100k items of an
 epoch, beside torch's DataLoader over a list-of-(path, label)-tuples dataset;
 the MinIO cache's index (create, attach, `coordl cache ls`); the epoch plan
-(coordl.sampling.epoch_order, ms per epoch); partition placement over 4 nodes;
+(coordl.loader.sampling.epoch_order, ms per epoch); partition placement over 4 nodes;
 the coordinator daemon's start (`coordl serve --data ROOT` to its "listening"
 line, the persisted manifest present) and `coordl status` against it (the
 whole command), cold and warm.
@@ -115,7 +115,8 @@ def _stat_loop(root: str) -> int:
 
 
 def child(kind: str, root: str, store: str, threads: int) -> dict:
-    from coordl import manifest, manifest_identity
+    from coordl.manifest import build as manifest
+    from coordl.manifest import identity as manifest_identity
     manifest.SCAN_THREADS = threads
     if kind in ("tv", "stat"):
         t = time.perf_counter()
@@ -129,7 +130,7 @@ def child(kind: str, root: str, store: str, threads: int) -> dict:
         t = time.perf_counter()
         manifest_identity.content_digest([m.path(i) for i in pos.tolist()], pos, threads)
         return {"s": time.perf_counter() - t, "n": len(pos)}
-    from coordl.dataset import ImageFolder  # imported before the clock starts (it imports torch)
+    from coordl.datasets.imagefolder import ImageFolder  # imported before the clock starts (it imports torch)
     if kind == "first":
         shutil.rmtree(store, ignore_errors=True)
     t = time.perf_counter()
@@ -276,9 +277,10 @@ def loader_memory(root: str, store: str, which: str, items: int, workers: int = 
 
 
 def index_figures(root: str, store: str) -> dict:
-    from coordl import manifest, sampling
     from coordl.cache import placement
-    from coordl.caching import MinIOCache
+    from coordl.loader import sampling
+    from coordl.loader.caching import MinIOCache
+    from coordl.manifest import build as manifest
     m = manifest.scan(root, manifest_cache=store)
     n, out = len(m), {}
     t = time.perf_counter()
@@ -431,7 +433,7 @@ def markdown(r: dict) -> str:
               f"{_fmt(sv['start_cold_s'])} / {_fmt(sv['start_warm_s'])} | |",
               f"| `coordl status` against it (whole command), cold / warm | "
               f"{_fmt(sv['status_cold_s'])} / {_fmt(sv['status_warm_s'])} | |",
-              f"| epoch plan (`coordl.sampling.epoch_order`) | {ix['epoch_order_ms']:.0f} ms per epoch | |",
+              f"| epoch plan (`coordl.loader.sampling.epoch_order`) | {ix['epoch_order_ms']:.0f} ms per epoch | |",
               f"| partition placement, 4 nodes, every item | {ix['placement_4_nodes_ms']:.0f} ms | |"]
     return "\n".join(lines) + "\n"
 

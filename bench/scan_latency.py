@@ -14,7 +14,7 @@ and every measurement starts after that long, so each one starts cold.
 Then, each in a fresh process, interleaved over --rounds rounds (medians):
 
 - the plain Python loop, scandir + one `stat` per file (the stat loop of bench/scale.py),
-- coordl's walk (coordl/manifest_scan.py) on 1 thread and with its thread pool,
+- coordl's walk (coordl/manifest/walk.py) on 1 thread and with its thread pool,
 - coordl's first start (walk + content sample + fingerprint + write), 1 thread / pool,
 - coordl's restart on the unchanged tree (folder and sample checks), 1 thread / pool.
 
@@ -127,8 +127,10 @@ class Mount:
 # -- one measurement per process ---------------------------------------------------------
 
 def child(kind: str, root: str, store: str, threads: int) -> dict:
-    from coordl import manifest, manifest_scan, manifest_store
-    from coordl.dataset import ImageFolder  # imported before the clock starts (it imports torch)
+    from coordl.datasets.imagefolder import ImageFolder  # imported before the clock starts (it imports torch)
+    from coordl.manifest import build as manifest
+    from coordl.manifest import store as manifest_store
+    from coordl.manifest import walk as manifest_scan
     manifest.SCAN_THREADS = threads
     manifest_store.STAT_THREADS = threads if threads == 1 else manifest_store.STAT_THREADS
     t = time.perf_counter()

@@ -140,7 +140,7 @@ class Redactor:
 
 def walk_order_key(key: str) -> tuple:
     """Sort key that lists object keys in the order a local copy is walked: in each folder its files
-    by name, then its sub-folders by name (torchvision's ImageFolder, coordl/manifest_scan.py).
+    by name, then its sub-folders by name (torchvision's ImageFolder, coordl/manifest/walk.py).
     Plain string order differs: a walk lists 'a/z.jpg' before 'a/b/c.jpg' (files of a/ first),
     string order the other way round."""
     parts = key.split("/")

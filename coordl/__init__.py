@@ -19,9 +19,10 @@ from .errors import CacheError, ConfigError, CoordinatorError, CoordlError, Data
 
 #: public name -> module that defines it
 _LAZY = {
-    "DataLoader": ".loader", "collate": ".loader", "loader_stats": ".loader",
-    "ImageFolder": ".dataset", "PreparedBatch": ".dataset", "CoordlDataset": ".dataset",
-    "MinIOCache": ".caching", "PartitionedCache": ".partitioned",
+    "DataLoader": ".loader.dataloader", "collate": ".batch", "loader_stats": ".loader.dataloader",
+    "ImageFolder": ".datasets.imagefolder", "PreparedBatch": ".batch",
+    "CoordlDataset": ".datasets.imagefolder",
+    "MinIOCache": ".loader.caching", "PartitionedCache": ".loader.partitioned",
     "profile": ".profiler",
 }
 
@@ -49,11 +50,12 @@ if "torch" in sys.modules:
     # torch is loaded already (a training script): define DataLoader now, so that frameworks
     # that patch every DataLoader subclass when training starts (Lightning's re-instantiation
     # of loaders with an injected sampler) see ours; the CLI, which never imports torch, stays fast
-    from .loader import DataLoader  # noqa: E402,F401
+    from coordl.loader.dataloader import DataLoader  # noqa: E402,F401
 
 if TYPE_CHECKING:
-    from .caching import MinIOCache
-    from .dataset import CoordlDataset, ImageFolder, PreparedBatch
-    from .loader import DataLoader, collate, loader_stats
-    from .partitioned import PartitionedCache
+    from coordl.datasets.imagefolder import CoordlDataset, ImageFolder, PreparedBatch
+    from coordl.loader.caching import MinIOCache
+    from coordl.loader.dataloader import DataLoader, collate, loader_stats
+    from coordl.loader.partitioned import PartitionedCache
+
     from .profiler import profile

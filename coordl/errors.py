@@ -29,7 +29,7 @@ class DecodeError(SampleError):
     """The bytes are not an image coordl can decode: not an image, truncated, corrupt, or too large.
 
     Raised by coordl.pipelines without a file name (pipelines know pixels, not
-    paths); coordl.dataset re-raises it as a SampleError naming the file.
+    paths); coordl.datasets.imagefolder re-raises it as a SampleError naming the file.
     """
 
 

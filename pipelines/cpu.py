@@ -25,7 +25,7 @@ decompression-bomb limit (`PIL.Image.MAX_IMAGE_PIXELS`; the message says how
 to raise it). 16-bit greyscale (PNG, TIFF) is scaled to 8 bits.
 
 This module knows pixels, never where bytes come from: errors carry no file
-name; the caller (coordl.dataset) adds it.
+name; the caller (coordl.datasets.imagefolder) adds it.
 """
 
 from __future__ import annotations

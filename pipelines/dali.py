@@ -71,6 +71,13 @@ _DALI_ERRORS = (RuntimeError, IndexError, ValueError)
 DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP"})
 
 
+def gpu_count() -> int:
+    """CUDA devices DALI sees (0 without a GPU or driver); torch may be a CPU-only build."""
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    return int(GetCUDADeviceCount())
+
+
 def require():
     """The `nvidia.dali` module, or ConfigError saying how to install it."""
     try:

@@ -9,7 +9,7 @@ fails a test that leaves a new entry in that folder or a child process running;
 sessions at once (two people, a suite loop beside a helper's tests) never see each other's
 segments. The folder's name holds no 'coordl': coordl's own tools (`coordl cache ls`,
 `coordl cleanup`) run on the real /dev/shm never take it for a segment. Datasets are real
-JPEG folders made by coordl.synthetic, small enough to decode quickly.
+JPEG folders made by coordl.cli.make_dataset, small enough to decode quickly.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 from coordl.cache import shm  # noqa: E402
-from coordl.synthetic import make_dataset  # noqa: E402
+from coordl.cli.make_dataset import make_dataset  # noqa: E402
 
 
 def _session_shm() -> set[str]:

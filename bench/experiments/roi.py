@@ -31,7 +31,7 @@ import report  # noqa: E402
 
 def sample_files(root: str, files: int) -> list[bytes]:
     """The bytes of `files` files spread evenly over the ImageFolder at `root`."""
-    from coordl.manifest import scan
+    from coordl.manifest.build import scan
 
     m = scan(root)
     step = max(1, len(m) // files)

@@ -16,13 +16,13 @@ epoch it joins, then one per ``iter(loader)``), so `Client.set_epoch` cannot
 move a job; `Client.stats` reports what this job received and what the
 daemon did for all its jobs (the ``daemon_`` keys).
 
-Resume. `Client.state_dict` is `coordl.resume`'s state (the local loader's:
+Resume. `Client.state_dict` is `coordl.loader.resume`'s state (the local loader's:
 version, the daemon epoch under way, the batches of it the training loop has
 *received* (a Next sent ahead is not counted), and the identity: dataset
 fingerprint, items, seed, batch size, drop_last, shuffle, world size 1) plus
 ``"coordinator": {"start_epoch": s}``, the job's first epoch, since epochs are
 counted per job. `Client.load_state_dict`, on a fresh job before its first
-``iter(loader)``, checks the state (`coordl.resume.check_state`: another
+``iter(loader)``, checks the state (`coordl.loader.resume.check_state`: another
 dataset, seed, batch size, drop_last, shuffle or an unknown version is
 refused naming the difference) and sends Resume: the job's next epoch
 continues at that batch, and with ``--epochs E`` it gets exactly the epochs
@@ -53,8 +53,8 @@ import weakref
 
 import torch
 
-from coordl import resume
 from coordl.errors import ConfigError, CoordinatorError, SampleError
+from coordl.loader import resume
 
 from . import protocol as p
 from .channel import _Channel, status  # noqa: F401 (status: coordl.coordinator.client.status)
@@ -84,7 +84,7 @@ class Client:
     def __init__(self, address: str | os.PathLike, dataset, batch_size: int, shuffle: bool,
                  drop_last: bool, timeout: float = 0.0) -> None:
         _check_dataset(dataset, batch_size)
-        self.identity = {  # the local loader's identity keys (coordl/loader.py _identity)
+        self.identity = {  # the local loader's identity keys (coordl/loader/dataloader.py _identity)
             "dataset": dataset.fingerprint, "items": len(dataset), "seed": int(dataset.seed),
             "batch_size": int(batch_size), "drop_last": bool(drop_last), "shuffle": bool(shuffle),
             "world_size": 1}
@@ -186,7 +186,7 @@ class Client:
     def stats(self) -> dict[str, int]:
         """What this job received (batches, samples, failed_batches) and what the daemon did
         for all its jobs together: ``daemon_`` + its storage reads, decodes, skips and cache
-        counters (coordl.stats.KEYS), daemon_batches prepared and, with --cache, the node-wide
+        counters (coordl.loader.stats.KEYS), daemon_batches prepared and, with --cache, the node-wide
         cache state (daemon_cache_bytes, daemon_cache_items, daemon_cache_capacity)."""
         out = {"batches": self.batches, "samples": self.samples,
                "failed_batches": self.failed_batches}

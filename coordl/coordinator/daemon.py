@@ -91,8 +91,8 @@ class Daemon:
     """`Daemon(config).run()` serves until stopped; see the module docstring."""
 
     def __init__(self, config: ServeConfig) -> None:
-        from coordl.caching import cache_for
-        from coordl.dataset import ImageFolder
+        from coordl.datasets.imagefolder import ImageFolder
+        from coordl.loader.caching import cache_for
 
         self.config = config
         folder = ImageFolder(config.data, transform=config.transform, size=config.size,

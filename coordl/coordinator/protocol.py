@@ -88,7 +88,7 @@ class Hello(Message):
     """A job asks to attach; the daemon checks every field that changes a batch against its own."""
     TYPE: ClassVar[str] = "hello"
     version: int
-    fingerprint: str   # the job's dataset fingerprint (coordl/manifest.py)
+    fingerprint: str   # the job's dataset fingerprint (coordl/manifest/build.py)
     root: str          # the job's dataset folder (for error messages; `printable`)
     items: int
     transform: str

@@ -104,7 +104,7 @@ class DaliRows:
             dali.require()
             device_id = None
             if self.device == "gpu":
-                from coordl.dali_loader import gpu_count
+                from coordl.pipelines.dali import gpu_count
 
                 if gpu_count() == 0:
                     raise ConfigError("coordl serve --dali-device gpu, but DALI sees no CUDA device "

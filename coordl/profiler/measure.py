@@ -210,7 +210,7 @@ def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache,
                 warmup: int, steps: int, sync, desc: str, progress: bool) -> Timed:
     """A fresh `coordl.DataLoader` over `items` (a copy of `dataset`, so the user's object keeps
     its state); cache=None reads storage without leaving pages in the page cache."""
-    from coordl.loader import DataLoader
+    from coordl.loader.dataloader import DataLoader
 
     ds = copy.copy(dataset)
     kw = {"cache": cache} if cache is not None else {"drop_page_cache": True}

@@ -79,7 +79,7 @@ class _Session:
         return self.rng.sample(range(len(self.ds)), self.need)
 
     def cache(self, tag: str, capacity: int):
-        from coordl.caching import MinIOCache
+        from coordl.loader.caching import MinIOCache
 
         c = MinIOCache(max(capacity, 1), name=f"profile-{os.getpid()}-{tag}")
         self.stack.callback(c.drop)

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from coordl.synthetic import make_dataset
+from coordl.cli.make_dataset import make_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(REPO, "bench")

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("nvidia.dali")
 
-from coordl import dali_loader  # noqa: E402 (after the skip: without DALI there is nothing to check)
+from coordl.loader import dali as dali_loader  # noqa: E402 (after the skip: without DALI there is nothing to check)
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "gpu_check.py")
 

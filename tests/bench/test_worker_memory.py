@@ -17,7 +17,7 @@ import pytest
 
 import coordl
 from coordl.buffers import EXTRA_SLOTS
-from coordl.synthetic import make_dataset
+from coordl.cli.make_dataset import make_dataset
 
 IMAGES, BATCH, EPOCHS = 320, 32, 5
 

@@ -16,7 +16,7 @@ import pytest
 from coordl.cache import shm
 from coordl.cache.minio import MinIOCache
 from coordl.errors import CacheError, ConfigError
-from coordl.manifest import scan
+from coordl.manifest.build import scan
 
 FORK = mp.get_context("fork")
 

@@ -14,7 +14,7 @@ import pytest
 from coordl.cache import partitioned, redisnode
 from coordl.cache.partitioned import PartitionedCache
 from coordl.errors import ConfigError
-from coordl.stats import Counters
+from coordl.loader.stats import Counters
 
 FP = "c0ffee" * 10 + "abcd"
 OTHER = "beef" * 16

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from coordl.cache import redisnode
 from coordl.cache.shm import proc_start
-from coordl.cli import main
+from coordl.cli.commands import main
 
 PASSWORD = "p@ss/w:rd#1"
 

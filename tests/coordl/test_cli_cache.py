@@ -9,10 +9,10 @@ import secrets
 import pytest
 from click.testing import CliRunner
 
-from coordl import cli_cache
 from coordl.cache import shm
 from coordl.cache.minio import MinIOCache
-from coordl.cli import main
+from coordl.cli import cache as cli_cache
+from coordl.cli.commands import main
 
 FORK = mp.get_context("fork")
 

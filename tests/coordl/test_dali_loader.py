@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import coordl
-from coordl import dali_loader
 from coordl.cache import shm
+from coordl.loader import dali as dali_loader
 from coordl.pipelines import dali
 
 pytest.importorskip("nvidia.dali")
@@ -189,7 +189,8 @@ def test_what_the_dali_backend_refuses(tiny_root):
     with pytest.raises(coordl.ConfigError, match="batch_size=None"):
         iter(coordl.DataLoader(ds, batch_size=None, backend="dali"))
     with pytest.raises(coordl.ConfigError, match="dali_device='tpu'"):
-        dali_loader.dali_epoch(coordl.DataLoader(ds, batch_size=4, backend="dali"), device="tpu")
+        dl = coordl.DataLoader(ds, batch_size=4, backend="dali")
+        dali_loader.dali_epoch(dl, dl._index_sampler, dl.dataset, device="tpu")
     if dali_loader.gpu_count() == 0:  # the message names the loader's argument, dali_device=
         with pytest.raises(coordl.ConfigError, match=r"dali_device='gpu' but .*no CUDA device.*"
                                                      r"use dali_device='cpu'"):

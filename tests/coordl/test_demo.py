@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from coordl.demo import interleaved
+from coordl.cli.demo import interleaved
 
 COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
 

@@ -143,8 +143,8 @@ def test_bad_arguments_name_the_parameter(tiny_root):
 
 
 def test_a_persisted_manifest_gives_the_same_dataset(tmp_path, tiny_root):
-    """`manifest_cache=` and `rescan=` reach coordl.manifest.scan; a loaded manifest is the scanned one."""
-    from coordl import manifest
+    """`manifest_cache=` and `rescan=` reach coordl.manifest.build.scan; a loaded manifest is the scanned one."""
+    from coordl.manifest import build as manifest
 
     root = tmp_path / "copy"
     shutil.copytree(tiny_root, root)

@@ -5,8 +5,8 @@ import sys
 
 
 def test_cli_cache_commands_do_not_import_torch():
-    code = ("import sys, coordl, coordl.cli; from click.testing import CliRunner; "
-            "r = CliRunner().invoke(coordl.cli.main, ['cache', 'ls']); "
+    code = ("import sys, coordl, coordl.cli.commands; from click.testing import CliRunner; "
+            "r = CliRunner().invoke(coordl.cli.commands.main, ['cache', 'ls']); "
             "assert r.exit_code == 0, r.output; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -15,7 +15,7 @@ def test_cli_cache_commands_do_not_import_torch():
 
 def test_lazy_attributes_resolve():
     import coordl
-    assert coordl.DataLoader.__module__ == "coordl.loader"
+    assert coordl.DataLoader.__module__ == "coordl.loader.dataloader"
     assert "DataLoader" in dir(coordl) and coordl.__version__
     try:
         coordl.no_such_thing  # noqa: B018
@@ -27,8 +27,8 @@ def test_lazy_attributes_resolve():
 
 def test_coordl_status_does_not_import_torch(tmp_path):
     # no daemon there: the command fails with a clear error, and got there without torch
-    code = ("import sys, coordl.cli; from click.testing import CliRunner; "
-            f"r = CliRunner().invoke(coordl.cli.main, ['status', '--socket', {str(tmp_path / 'none.sock')!r}]); "
+    code = ("import sys; from coordl.cli import main; from click.testing import CliRunner; "
+            f"r = CliRunner().invoke(main, ['status', '--socket', {str(tmp_path / 'none.sock')!r}]); "
             "assert r.exit_code != 0 and 'none.sock' in r.output, r.output; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -14,7 +14,7 @@ import pytest
 import coordl
 from coordl.cache import admin, shm
 from coordl.cache.layout import data_offset
-from coordl.caching import parse_size
+from coordl.loader.caching import parse_size
 
 
 @pytest.fixture

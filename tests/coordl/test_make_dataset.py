@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from coordl.cli.make_dataset import make_dataset
 from coordl.errors import ConfigError
-from coordl.synthetic import make_dataset
 
 COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
 

@@ -1,7 +1,7 @@
-"""Dataset identity (coordl/manifest_identity.py) and the persisted manifest (coordl/manifest_store.py).
+"""Dataset identity (coordl/manifest/identity.py) and the persisted manifest (coordl/manifest/store.py).
 
 Every tree here is real JPEG files on disk; "a scan" is counted through
-coordl.manifest.SCANS (walks of the tree, loads of a persisted manifest).
+coordl.manifest.build.SCANS (walks of the tree, loads of a persisted manifest).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import pytest
 from PIL import Image
 
 import coordl
-from coordl import manifest, manifest_identity, manifest_store
 from coordl.cache import shm
+from coordl.manifest import build as manifest
+from coordl.manifest import identity as manifest_identity
+from coordl.manifest import store as manifest_store
 
 
 def _jpeg(seed: int, size: int) -> bytes:

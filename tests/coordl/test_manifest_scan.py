@@ -1,4 +1,4 @@
-"""coordl/manifest_scan.py: the C extension's and statx's columns equal what os.stat gives, file by file."""
+"""coordl/manifest/walk.py: the C extension's and statx's columns equal what os.stat gives, file by file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from coordl import manifest_scan
+from coordl.manifest import walk as manifest_scan
 
 
 def _tree(tmp_path) -> tuple[int, list[str]]:
@@ -28,7 +28,7 @@ def _want(fd, names):
 
 def test_the_c_extension_was_built_and_is_used(tmp_path):
     # install.sh builds it (setup.py); a scan without it is 3-5x slower per file at 1.28M files
-    assert manifest_scan._statnames is not None, "coordl._statnames was not built: run bash install.sh"
+    assert manifest_scan._statnames is not None, "coordl.manifest._statnames was not built: run bash install.sh"
     fd, names = _tree(tmp_path)
     try:
         got = manifest_scan._stat_columns(fd, names)

@@ -1,4 +1,4 @@
-"""coordl/manifest_threads.py: spread_map is [fn(x) for x in items], on helper threads only
+"""coordl/manifest/threads.py: spread_map is [fn(x) for x in items], on helper threads only
 once the calling thread was seen blocked (sleeping stands in for a cold disk here)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from coordl import manifest_threads
+from coordl.manifest import threads as manifest_threads
 
 
 def _record(seen: list[str], nap: float = 0.0):

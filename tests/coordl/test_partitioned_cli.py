@@ -10,9 +10,9 @@ import redis
 from click.testing import CliRunner
 
 from coordl.cache import redisnode
-from coordl.cli import main
+from coordl.cli.commands import main
 from coordl.errors import ConfigError
-from coordl.partitioned import PartitionedCache
+from coordl.loader.partitioned import PartitionedCache
 
 
 def _free_port() -> int:

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from coordl.errors import ConfigError
-from coordl.partitioned import PartitionedCache
+from coordl.loader.partitioned import PartitionedCache
 
 
 def test_wrong_or_missing_password(redis_nodes):

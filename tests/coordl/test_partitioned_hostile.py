@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import coordl
-from coordl.partitioned import PartitionedCache
+from coordl.loader.partitioned import PartitionedCache
 from coordl.pipelines import cpu
 
 SIZE = 32

@@ -18,10 +18,10 @@ import pytest
 import coordl
 from coordl.cache import partitioned, placement, redisnode
 from coordl.cache.checksum import digest
-from coordl.partitioned import PartitionedCache
+from coordl.cli.make_dataset import make_dataset
+from coordl.loader.partitioned import PartitionedCache
+from coordl.loader.sampling import epoch_order, rank_share
 from coordl.pipelines import cpu
-from coordl.sampling import epoch_order, rank_share
-from coordl.synthetic import make_dataset
 
 WORLD = 3
 BATCH = 5

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from coordl.cache import shm
 from coordl.cache.minio import MinIOCache
-from coordl.cli import main
+from coordl.cli.commands import main
 
 FORK = mp.get_context("fork")
 THEIRS, MINE = 64101, 64102  # two uids without passwd entries: nobody else's files

@@ -7,7 +7,7 @@ import textwrap
 import torch
 
 import coordl
-from coordl.loader import is_coordl_dataset
+from coordl.loader.dataloader import is_coordl_dataset
 
 
 def test_subscriptable_like_torch():

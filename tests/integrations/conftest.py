@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from coordl.synthetic import make_dataset
+from coordl.cli.make_dataset import make_dataset
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from coordl.manifest import scan
-from coordl.synthetic import make_dataset
+from coordl.cli.make_dataset import make_dataset
+from coordl.manifest.build import scan
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ only that connection: a Release of a negative batch index raises inside the daem
 
 import sys
 
-from coordl import cli
+from coordl.cli import commands as cli
 from coordl.coordinator import daemon
 from coordl.coordinator import protocol as p
 

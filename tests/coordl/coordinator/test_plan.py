@@ -4,9 +4,9 @@ and get their own epochs."""
 import numpy as np
 import pytest
 
-from coordl import sampling
 from coordl.coordinator.plan import Plan
 from coordl.errors import ConfigError
+from coordl.loader import sampling
 
 
 def test_order_is_a_permutation_per_epoch_and_a_pure_function():

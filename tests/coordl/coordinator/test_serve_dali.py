@@ -193,7 +193,7 @@ def test_what_serve_refuses_for_the_dali_backend(monkeypatch, sockdir, tiny_root
     with pytest.raises(coordl.ConfigError, match=r"not installed: pip install coordl\[dali\]"):
         ServeConfig(data="/d", batch_size=4, backend="dali")
     monkeypatch.undo()
-    from coordl import dali_loader
+    from coordl.loader import dali as dali_loader
 
     if dali_loader.gpu_count() == 0:  # refused before the daemon starts, not batch after batch
         done = subprocess.run([COORDL, "serve", "--data", tiny_root, "--batch-size", "4", "--backend",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
-from .buffers import LENDER
+from coordl.buffers import LENDER
 
 
 @dataclass

@@ -33,7 +33,7 @@ Rules 2 and 3 are checked while another thread reads the arrays. Cold, each
 of those ~2,000 `stat` calls waits on a random read of an inode table (128 KiB
 with ext4's inode readahead), so one thread spends most of a restart waiting:
 once the checks are seen waiting, STAT_THREADS threads keep that many reads in
-flight (coordl/manifest_threads.py; warm, they stay on one thread). Every
+flight (coordl/manifest/threads.py; warm, they stay on one thread). Every
 check is still made; the first mismatch stops the rest.
 
 Anything else rescans the whole root; so does ``rescan=True``. What the check
@@ -69,8 +69,8 @@ from collections.abc import Iterator
 import numpy as np
 import xxhash
 
-from .manifest_identity import FORMAT
-from .manifest_threads import spread_map
+from coordl.manifest.identity import FORMAT
+from coordl.manifest.threads import spread_map
 
 MAGIC = b"COORDLM3"  # M3: the header under a checksum (M2 files are rescanned)
 PREFIX = 24          # MAGIC, header length, header xxh3_64

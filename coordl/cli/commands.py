@@ -10,8 +10,11 @@ import time
 
 import click
 
-from . import cli_cache, cli_cachenode, cli_profile, cli_serve
-from .errors import CoordlError
+from coordl.cli import cache as cli_cache
+from coordl.cli import cachenode as cli_cachenode
+from coordl.cli import profile as cli_profile
+from coordl.cli import serve as cli_serve
+from coordl.errors import CoordlError
 
 
 def _fail(e: Exception) -> None:
@@ -37,7 +40,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def info(as_json: bool) -> None:
     """Versions, the active Pillow build (plain or SIMD) and optional backends."""
-    from .sysinfo import collect
+    from coordl.cli.info import collect
 
     facts = collect()
     if as_json:
@@ -66,7 +69,7 @@ def make_dataset_cmd(directory, images, classes, size, quality, seed, large_frac
     """Write a deterministic ImageNet-like JPEG folder DIRECTORY/<class>/<image>.jpg.
 
     DIRECTORY must be new or empty (or hold an earlier make-dataset output, with --overwrite)."""
-    from .synthetic import make_dataset, parse_size
+    from coordl.cli.make_dataset import make_dataset, parse_size
 
     t0 = time.perf_counter()
     total = make_dataset(directory, images, classes, parse_size(size), quality, seed,
@@ -87,7 +90,7 @@ def make_dataset_cmd(directory, images, classes, size, quality, seed, large_frac
               help="Use this ImageFolder instead of making a temporary one.")
 def demo(images, batch_size, workers, epochs, data):
     """End to end: make a small dataset, load it with coordl and with torch, compare."""
-    from .demo import run_demo
+    from coordl.cli.demo import run_demo
 
     with tempfile.TemporaryDirectory(prefix="coordl-demo-") as tmp:
         root = data or os.path.join(tmp, "data")

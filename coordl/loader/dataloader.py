@@ -3,7 +3,7 @@
 It is an instance of torch's DataLoader and takes every one of its arguments
 with the same meaning; any dataset behaves exactly as under torch. With a
 coordl dataset (one that splits ``fetch``/``prep``, e.g. `coordl.ImageFolder`)
-(a `coordl.dataset.CoordlDataset`) it works on a bound copy of it
+(a `coordl.datasets.imagefolder.CoordlDataset`) it works on a bound copy of it
 (`CoordlDataset.bind`: ``loader.dataset``), never on the object you passed, and
 additionally:
 
@@ -23,9 +23,9 @@ additionally:
   on by default with a cache);
 - gives each rank of a distributed job its share of every epoch (``rank=``,
   ``world_size=``, by default torch.distributed's), disjoint and covering, padded
-  as `DistributedSampler` pads; the order is `coordl.sampling.epoch_order` of
+  as `DistributedSampler` pads; the order is `coordl.loader.sampling.epoch_order` of
   (seed, epoch), the same function the coordinator daemon serves;
-- resumes mid-epoch exactly: `state_dict()` / `load_state_dict()` (coordl/resume.py);
+- resumes mid-epoch exactly: `state_dict()` / `load_state_dict()` (coordl/loader/resume.py);
 - with ``coordinator="unix:///path.sock"``, takes its batches from a
   `coordl serve` daemon that prepares each batch once for every job on the
   server (coordinator/client.py): `len`, the epoch loop and the batches are
@@ -42,18 +42,19 @@ from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, default_collate
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from . import resume
-from .buffers import EXTRA_SLOTS, LENDER, TSO_MACHINES, check_platform
-from .caching import cache_for
-from .coordinator.client import connect
-from .dataset import CoordlDataset, PreparedBatch
-from .errors import ConfigError
-from .iterators import MultiIter, Position, SingleIter
-from .sampling import EpochBatch, EpochIndex, PlanSampler, check_rank, plan_sampler
-from .stats import KEYS, Counters
+from coordl.batch import collate
+from coordl.buffers import EXTRA_SLOTS, TSO_MACHINES, check_platform
+from coordl.coordinator.client import connect
+from coordl.datasets.imagefolder import CoordlDataset
+from coordl.errors import ConfigError
+from coordl.loader import resume
+from coordl.loader.caching import cache_for
+from coordl.loader.iterators import MultiIter, Position, SingleIter
+from coordl.loader.sampling import EpochBatch, EpochIndex, PlanSampler, check_rank, plan_sampler
+from coordl.loader.stats import KEYS, Counters
 
 T_co = TypeVar("T_co", covariant=True)
 _BACKENDS = ("cpu", "dali")
@@ -93,32 +94,6 @@ class _IndexStream:
         return len(self.sampler)
 
 
-class Batch(list):
-    """[images, labels] as torch's collate gives them; `pooled` when the images are in one of a
-    worker's reusable buffers, which the process that unpickles the batch reports to the lender
-    (coordl/buffers.py), whichever iterator received it."""
-
-    def __init__(self, items, pooled: bool = False) -> None:
-        super().__init__(items)
-        self.pooled = pooled
-
-    def __reduce__(self):
-        return _arrived, (list(self), self.pooled)
-
-
-def _arrived(items, pooled: bool) -> Batch:
-    if pooled:
-        LENDER.arrived(items[0])
-    return Batch(items)
-
-
-def collate(batch: Any) -> Any:
-    """Collate for coordl datasets: a `PreparedBatch` as is, anything else as torch does."""
-    if isinstance(batch, PreparedBatch):
-        return Batch([batch.images, batch.labels], batch.pooled)
-    return default_collate(batch)
-
-
 def _collect_dali_garbage() -> None:
     """Collect cyclic garbage before torch forks workers, when NVIDIA DALI is loaded.
 
@@ -133,7 +108,7 @@ def _collect_dali_garbage() -> None:
 
 
 def is_coordl_dataset(dataset: Any) -> bool:
-    """Datasets that derive from `coordl.dataset.CoordlDataset`; anything else is left as torch leaves it."""
+    """Datasets that derive from `coordl.CoordlDataset`; anything else is left as torch leaves it."""
     return isinstance(dataset, CoordlDataset)
 
 
@@ -163,7 +138,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             when it is initialised, else 0 and 1). Not applied when you pass your own
             ``sampler`` or ``batch_sampler`` (e.g. a `DistributedSampler`): that one decides.
         backend: ``"cpu"`` (coordl's pipeline in worker processes) or ``"dali"``
-            (NVIDIA DALI fed from coordl's reader and caches; coordl/dali_loader.py).
+            (NVIDIA DALI fed from coordl's reader and caches; coordl/loader/dali.py).
         dali_device: with ``backend="dali"``: ``"cpu"`` (default; device_id=None) or ``"gpu"``
             (nvJPEG ``mixed`` decode and GPU resize; needs a CUDA GPU).
     """
@@ -385,8 +360,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._coordl_dataset:
             self.dataset.set_epoch(self.epoch)
         if self.backend == "dali":
-            from .dali_loader import dali_epoch
-            return dali_epoch(self)
+            from coordl.loader.dali import dali_epoch
+            return dali_epoch(self, self._index_sampler, self._bound, self._position)
         if isinstance(self.dataset, IterableDataset) and self._epoch_skip:
             pos.received = 0  # the replayed batches are received (and counted) again, then dropped
             return self._replay(super().__iter__(), self._epoch_skip)
@@ -427,7 +402,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def state_dict(self) -> dict:
         """Where the training loop is: the epoch under way and the batches of it received so far.
 
-        Small, versioned and JSON-serialisable (coordl/resume.py says what it holds and what
+        Small, versioned and JSON-serialisable (coordl/loader/resume.py says what it holds and what
         cannot be restored). ``load_state_dict`` on a fresh loader built the same way then
         yields exactly the remaining batches: same items, augmentation, order and labels.
         """
@@ -480,7 +455,7 @@ def _check_dali(dataset, coordl_ds: bool, coordinator) -> None:
     if coordinator is not None:
         raise ConfigError("backend='dali' with coordinator=: the daemon prepares the batches; choose "
                           "its backend with `coordl serve --backend dali` and drop backend= here")
-    from .dali_loader import require_dali
+    from coordl.loader.dali import require_dali
     require_dali()
 
 

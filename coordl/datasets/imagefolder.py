@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from coordl.batch import PreparedBatch
+from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
+from coordl.errors import ConfigError, CoordinatorError, SampleError
+from coordl.loader.stats import Counters
+from coordl.manifest.build import IMG_EXTENSIONS, scan
 from coordl.pipelines import cpu, crop
-
-from .buffers import WorkerBuffers, new_shared
-from .errors import ConfigError, CoordinatorError, SampleError
-from .manifest import IMG_EXTENSIONS, scan
-from .stats import Counters
 
 _TRANSFORMS = ("train", "val")
 
@@ -85,18 +85,6 @@ def _epoch_of(indices: Sequence[int], default: int) -> int:
         epoch = getattr(indices[0], "epoch", None)
     return default if epoch is None else epoch
 _ON_ERROR = ("raise", "skip")
-
-
-class PreparedBatch(list):
-    """A batch built by `__getitems__`: a list of (image, label) views, for
-    torch's default_collate, that also carries the stacked tensors so that
-    coordl's collate returns them without a copy, and
-    whether its buffer is one of a worker's reusable ones (coordl/buffers.py)."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int],
-                 pooled: bool = False):
-        super().__init__(zip(images, labels.tolist()))
-        self.images, self.labels, self.indices, self.pooled = images, labels, indices, pooled
 
 
 class CoordlDataset(torch.utils.data.Dataset):
@@ -154,7 +142,7 @@ class ImageFolder(CoordlDataset):
             (seed, epoch, index).
         target_transform, is_valid_file: as in torchvision.
         rescan: walk the tree even if its persisted manifest says it is unchanged
-            (after editing files in place; see coordl/manifest_store.py).
+            (after editing files in place; see coordl/manifest/store.py).
         manifest_cache: folder of persisted manifests (default
             ``$XDG_CACHE_HOME/coordl/manifests``); ``"off"`` scans at every start.
     """

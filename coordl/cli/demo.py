@@ -51,8 +51,8 @@ def run_demo(root: str, images: int, batch_size: int, workers: int, epochs: int,
     import PIL
 
     import coordl
-    from coordl.baseline import TorchvisionStyleFolder, worker_init_fn
-    from coordl.synthetic import make_dataset
+    from coordl.cli.baseline import TorchvisionStyleFolder, worker_init_fn
+    from coordl.cli.make_dataset import make_dataset
 
     if make:
         click.echo(f"[1/3] making {images} JPEGs (500x375, quality 90) in {root}")

@@ -15,7 +15,7 @@ import functools
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from coordl.errors import ConfigError
 
 # The order's SeedSequence spawn key. Nothing else draws from a SeedSequence of (seed, epoch)
 # (items' augmentation streams are random.Random, pipelines/crop.py item_rng); the key only

@@ -6,12 +6,12 @@ per item, so worker processes that fork from the loader share the pages
 instead of copying them on access.
 
 `scan` builds it: it loads the persisted manifest of an unchanged root
-(coordl/manifest_store.py says what "unchanged" means and where the file
-lives), or walks the tree (coordl/manifest_scan.py) and persists the result.
+(coordl/manifest/store.py says what "unchanged" means and where the file
+lives), or walks the tree (coordl/manifest/walk.py) and persists the result.
 The fingerprint that names the dataset in every cache key, segment and Redis
 key covers paths, sizes, labels, whole-second mtimes and the bytes of a
 deterministic sample of files; the exact rule, and how a same-size edit with
-its mtime restored is caught, is in coordl/manifest_identity.py.
+its mtime restored is caught, is in coordl/manifest/identity.py.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import manifest_identity as ident
-from . import manifest_store as store
-from .errors import DatasetError
-from .manifest_scan import Walk, walk
+from coordl.errors import DatasetError
+from coordl.manifest import identity as ident
+from coordl.manifest import store as store
+from coordl.manifest.walk import Walk, walk
 
 IMG_EXTENSIONS: tuple[str, ...] = (
     ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",

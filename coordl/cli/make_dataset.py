@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from PIL import Image
 
-from .errors import ConfigError
+from coordl.errors import ConfigError
 
 _CLASS = re.compile(r"class_\d{4}")
 _IMAGE = re.compile(r"img_\d{7}\.jpg")

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from .errors import ConfigError
+from coordl.errors import ConfigError
 
 _HELP = """Where does training wait: on storage (fetch stall), on decode and augmentation
 (prep stall), or on nothing? Measures, by difference (DS-Analyzer), the training
@@ -54,7 +54,7 @@ def _train_step_from(spec: str):
 def _cache_bytes(value: str) -> int:
     if value.strip() in ("0", "0B", "0b"):
         return 0
-    from .caching import parse_size
+    from coordl.loader.caching import parse_size
 
     return parse_size(value, "--cache")
 

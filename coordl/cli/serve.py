@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import click
 
-from .coordinator.config import ServeConfig, default_socket_path
-from .errors import CoordlError
+from coordl.coordinator.config import ServeConfig, default_socket_path
+from coordl.errors import CoordlError
 
 _SOCKET_HELP = f"Unix socket path (default {default_socket_path()})."
 
@@ -19,7 +19,7 @@ _SOCKET_HELP = f"Unix socket path (default {default_socket_path()})."
 def _size(ctx, param, value):
     if value is None:
         return None
-    from .caching import parse_size
+    from coordl.loader.caching import parse_size
 
     try:
         return parse_size(value, "--cache")
@@ -73,7 +73,7 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
     Jobs attach with coordl.DataLoader(coordl.ImageFolder(DIR), batch_size=B,
     shuffle=True, coordinator="unix://SOCKET"). SIGTERM or SIGINT stops it cleanly.
     """
-    from .coordinator.daemon import Daemon
+    from coordl.coordinator.daemon import Daemon
 
     extra = {k: v for k, v in (("workers", workers), ("socket", socket_path)) if v is not None}
     config = ServeConfig(data=data, batch_size=batch_size, transform=transform, size=size,
@@ -183,7 +183,7 @@ def _jobs_and_others(st: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status_cmd(socket_path, as_json):
     """Attached jobs, each job's position, ring occupancy, images/s of a coordinator."""
-    from .coordinator.channel import status
+    from coordl.coordinator.channel import status
 
     st = status(socket_path)
     if as_json:

@@ -50,7 +50,7 @@ def collect() -> dict[str, str]:
 
 def _extensions() -> str:
     """The optional C extensions setup.py builds, and what runs where one is missing."""
-    from coordl import manifest_scan
+    from coordl.manifest import walk as manifest_scan
     from coordl.pipelines import roi
 
     parts = ["ROI JPEG decoder " + ("built" if roi.AVAILABLE else "NOT built (JPEGs decode with Pillow only)"),

@@ -1,6 +1,6 @@
 """The DALI backend of `coordl.DataLoader(dataset, ..., backend="dali")`: one epoch's batches.
 
-    loader._index_sampler ──> batches of indices (each with its .epoch)
+    sampler ────────────────> batches of indices (each with its .epoch; the loader's index sampler)
     dataset.fetch(i) ───────> encoded bytes (MinIO cache, then storage; counted)
     pipelines/dali.Prep ────> DALI decode + crop + resize + flip, `depth` batches in flight
                         ───> Batch([images uint8 (B, 3, H, W), labels int64 (B,)])
@@ -33,9 +33,10 @@ from typing import Any
 
 import torch
 
+from coordl.batch import Batch, collate
+from coordl.errors import ConfigError, SampleError
 from coordl.pipelines import dali
-
-from .errors import ConfigError, SampleError
+from coordl.pipelines.dali import gpu_count  # noqa: F401 (coordl.loader.dali.gpu_count, as before)
 
 
 def require_dali() -> None:
@@ -48,13 +49,7 @@ def dali_threads(num_workers: int) -> int:
     return max(int(num_workers), 1)
 
 
-def _bound(loader):
-    """The dataset the loader works on (its bound copy, counting into the loader's counters)."""
-    return loader._bound if hasattr(loader, "_bound") else loader.dataset
-
-
-def _check(loader) -> None:
-    ds = _bound(loader)
+def _check(loader, ds) -> None:
     missing = [a for a in ("fetch", "manifest", "transform", "size", "seed", "on_error") if not hasattr(ds, a)]
     if missing:
         raise ConfigError(f"backend='dali' needs a coordl.ImageFolder-like dataset; "
@@ -62,10 +57,8 @@ def _check(loader) -> None:
     if ds.transform not in dali.TRANSFORMS:
         raise ConfigError(f"backend='dali' runs transform='train' or 'val'; the dataset has "
                           f"transform={ds.transform!r}: use one of them, or the CPU backend")
-    if not loader._auto_collation:
+    if loader.batch_sampler is None:  # torch: no automatic batching
         raise ConfigError("backend='dali' needs batches: pass batch_size (or batch_sampler), not batch_size=None")
-    from .loader import collate  # here: loader.py imports this module
-
     if loader.collate_fn is not collate:
         raise ConfigError(f"backend='dali' builds its batches itself; collate_fn={loader.collate_fn!r} "
                           "would be ignored: leave collate_fn unset, or use the CPU backend")
@@ -79,13 +72,6 @@ def _batch_size(loader) -> int:
     return size
 
 
-def gpu_count() -> int:
-    """CUDA devices DALI sees (0 without a GPU or driver); torch may be a CPU-only build."""
-    from nvidia.dali.backend import GetCUDADeviceCount
-
-    return int(GetCUDADeviceCount())
-
-
 def _gpu_export(tensors) -> torch.Tensor:
     from nvidia.dali.plugin.pytorch import feed_ndarray
 
@@ -96,14 +82,19 @@ def _gpu_export(tensors) -> torch.Tensor:
 
 
 class DaliEpoch(Iterator):
-    """One epoch of the DALI backend: an iterator with `len` (what ``iter(loader)`` returns)."""
+    """One epoch of the DALI backend: an iterator with `len` (what ``iter(loader)`` returns).
 
-    def __init__(self, loader, device: str = "cpu") -> None:
-        _check(loader)
+    ``sampler`` gives the epoch's batches of indices, ``dataset`` is the loader's bound dataset
+    (counting into its counters), ``position`` what its state_dict saves (coordl/loader/iterators.py),
+    or None; ``loader`` is read for its public torch arguments only (batch_size, batch_sampler,
+    num_workers, prefetch_factor, pin_memory, collate_fn).
+    """
+
+    def __init__(self, loader, sampler, dataset, position=None, device: str = "cpu") -> None:
+        _check(loader, dataset)
         self._loader, self._device = loader, device
-        self._ds = _bound(loader)
-        self._position = getattr(loader, "_position", None)  # what state_dict saves (coordl/iterators.py)
-        self._len = len(loader._index_sampler)
+        self._ds, self._sampler, self._position = dataset, sampler, position
+        self._len = len(sampler)
         self._gen = self._run()
 
     def __len__(self) -> int:
@@ -132,9 +123,7 @@ class DaliEpoch(Iterator):
                          depth=loader.prefetch_factor or 2, export=_gpu_export if gpu and cuda_torch else None)
 
     def _run(self):
-        from .loader import Batch  # here: loader.py imports this module
-
-        batches = iter(self._loader._index_sampler)
+        batches = iter(self._sampler)
         prep = self._prep()
         try:
             while True:
@@ -203,9 +192,9 @@ class DaliEpoch(Iterator):
         return None
 
 
-def dali_epoch(loader, device: str | None = None) -> DaliEpoch:
+def dali_epoch(loader, sampler, dataset, position=None, device: str | None = None) -> DaliEpoch:
     """The batches of the loader's current epoch through DALI (``device``: "cpu" or "gpu";
-    default the loader's ``dali_device`` attribute, else "cpu")."""
+    default the loader's ``dali_device`` attribute, else "cpu"); see `DaliEpoch` for the rest."""
     require_dali()
     device = device or getattr(loader, "dali_device", "cpu")
     if device not in dali.DEVICES:
@@ -213,4 +202,4 @@ def dali_epoch(loader, device: str | None = None) -> DaliEpoch:
     if device == "gpu" and gpu_count() == 0:
         raise ConfigError("dali_device='gpu' but DALI sees no CUDA device (no GPU or no NVIDIA driver): "
                           "use dali_device='cpu' (the default)")
-    return DaliEpoch(loader, device)
+    return DaliEpoch(loader, sampler, dataset, position, device)

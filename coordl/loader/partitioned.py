@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coordl.cache import partitioned
-
-from .caching import parse_size
+from coordl.loader.caching import parse_size
 
 
 class PartitionedCache(partitioned.PartitionedCache):

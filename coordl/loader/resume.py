@@ -1,7 +1,7 @@
 """Exact mid-epoch resume: what `DataLoader.state_dict()` saves and what it checks on load.
 
 The state is small, versioned and JSON-serialisable. It counts the batches
-the training loop *received* in the epoch under way (coordl/iterators.py),
+the training loop *received* in the epoch under way (coordl/loader/iterators.py),
 never what workers prefetched, and it names what the remaining batches depend
 on, so that a state cannot be loaded into a loader that would yield other
 batches:
@@ -13,7 +13,7 @@ batches:
      "sampler": null | {"seed": 12345} | {"generator_state": "<base64>"}}
 
 For a coordl dataset the rest of the epoch is a pure function of (seed, epoch)
-(coordl/sampling.py, pipelines/crop.py item_rng), so resuming is exact for any
+(coordl/loader/sampling.py, pipelines/crop.py item_rng), so resuming is exact for any
 `num_workers`, cache and rank. For torch's `RandomSampler` (any other dataset
 with ``shuffle=True``) the seed torch draws for the epoch is recorded
 (`SamplerRNG`) so the same permutation comes back in a fresh process. What
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from coordl.errors import ConfigError
 
 VERSION = 1
 

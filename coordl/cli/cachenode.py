@@ -21,9 +21,8 @@ import tempfile
 import click
 
 from coordl.cache import nodeproc, nodeurl, redisnode
-
-from .caching import parse_size
-from .errors import CacheError, ConfigError
+from coordl.errors import CacheError, ConfigError
+from coordl.loader.caching import parse_size
 
 _DEFAULT_DIR = os.path.join(tempfile.gettempdir(), "coordl-cache-node")
 _PORT = click.option("--port", type=int, default=redisnode.DEFAULT_PORT, show_default=True, help="TCP port.")

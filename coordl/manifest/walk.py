@@ -1,4 +1,4 @@
-"""The directory walk behind `coordl.manifest.scan`: one `scandir` per folder,
+"""The directory walk behind `coordl.manifest.build.scan`: one `scandir` per folder,
 one `stat` per file, and no per-file path arithmetic in Python.
 
 Each class folder is walked top-down (files of a folder sorted by name, then
@@ -10,12 +10,12 @@ small thread pool: `scandir` and `stat` release the GIL, which pays when the
 metadata is not in memory (cold page cache, network filesystems). When it is
 in memory, threads only add GIL hand-offs (on 2 cores 8 threads were 1.4-1.6x
 slower than one), so the pool joins in only once a folder's walk was seen
-blocked on storage (coordl/manifest_threads.py).
+blocked on storage (coordl/manifest/threads.py).
 
 Each folder is opened once and its files are stat'ed by name relative to that
 descriptor, so the kernel looks up one path component, not the whole path, and
-Python builds no path per file. The C extension ``coordl._statnames``
-(coordl/_statnames.c) stats a whole folder in one call without the GIL and
+Python builds no path per file. The C extension ``coordl.manifest._statnames``
+(coordl/manifest/_statnames.c) stats a whole folder in one call without the GIL and
 writes four int64 columns: no Python object per file. Where it was not built,
 libc's ``statx`` through ctypes, mapped over the names, writes each file's row
 of one numpy buffer; where that is missing or fails, ``os.stat(name, dir_fd=fd)``.
@@ -26,7 +26,7 @@ lengths come from ``len`` mapped over the names (one encode per folder checks
 that they are ASCII; otherwise each name is encoded once).
 
 Besides the manifest's arrays, the walk returns what the persisted manifest
-(coordl/manifest_store.py) needs to tell later that nothing changed: every
+(coordl/manifest/store.py) needs to tell later that nothing changed: every
 folder's (mtime_ns, ctime_ns, st_ino, st_dev) as stat'ed *before* it was
 listed, and every file's ctime and inode.
 """
@@ -43,11 +43,11 @@ from operator import attrgetter
 
 import numpy as np
 
-from .errors import DatasetError
-from .manifest_threads import spread_map
+from coordl.errors import DatasetError
+from coordl.manifest.threads import spread_map
 
 try:
-    from . import _statnames
+    from coordl.manifest import _statnames
 except ImportError:  # the optional extension was not built (setup.py): statx through ctypes
     _statnames = None
 
@@ -127,7 +127,7 @@ def _stat_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...]:
 
 
 def _c_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...]:
-    """coordl/_statnames.c: one call per folder, no GIL, no Python object per file."""
+    """coordl/manifest/_statnames.c: one call per folder, no GIL, no Python object per file."""
     cols = np.empty((4, len(names)), dtype=np.int64)
     _statnames.stat_names(fd, ("\0".join(names) + "\0").encode("utf-8", "surrogateescape"), len(names), cols)
     return cols[0], cols[1], cols[2], cols[3]

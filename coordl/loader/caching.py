@@ -10,8 +10,7 @@ import re
 from typing import Any
 
 from coordl.cache import minio, shm
-
-from .errors import ConfigError
+from coordl.errors import ConfigError
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}

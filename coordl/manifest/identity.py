@@ -35,7 +35,7 @@ Copies carry no trace of such an edit, but the edited file does: its ctime
 changes (no system call sets it back) and, when it is replaced rather than
 rewritten, its inode. Those are local facts, so they are used locally only:
 
-* the persisted manifest (coordl/manifest_store.py) records each file's
+* the persisted manifest (coordl/manifest/store.py) records each file's
   (ctime_ns, st_ino); a full scan of a root that has a persisted manifest
   compares them, and every file whose size and whole-second mtime are unchanged
   but whose (mtime_ns, ctime_ns, st_ino) differ is a *silent revision*;
@@ -58,7 +58,7 @@ import os
 
 import numpy as np
 
-from .manifest_threads import spread_map
+from coordl.manifest.threads import spread_map
 
 FORMAT = 2
 SAMPLE_FILES = 1024          # files whose bytes the identity covers

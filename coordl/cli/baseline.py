@@ -13,9 +13,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from coordl.manifest.build import scan
 from coordl.pipelines import crop
-
-from .manifest import scan
 
 
 class TorchvisionStyleFolder(torch.utils.data.Dataset):

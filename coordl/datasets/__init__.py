@@ -1,0 +1,1 @@
+"""The datasets room: coordl.ImageFolder and the CoordlDataset contract."""

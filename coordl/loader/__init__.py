@@ -1,0 +1,1 @@
+"""The loader room: coordl.DataLoader, its DALI backend, iterators, epoch order, resume, counters and caches."""

@@ -1,0 +1,114 @@
+"""The import graph of coordl/, cache/ and pipelines/: no cycle, and arrows one way.
+
+Every import counts, also those inside functions (a deferred import is still a dependency). An
+import of a package's submodule (`from coordl.manifest import store`) is an arrow to that module.
+cache/ and pipelines/ may import nothing of coordl/ but the exception tree (coordl/errors.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FOLDERS = {"coordl": "coordl", "cache": "coordl.cache", "pipelines": "coordl.pipelines"}
+
+
+def _modules() -> dict[str, tuple[pathlib.Path, bool]]:
+    """module name -> (file, is a package's __init__); C extensions by their source file (no imports)"""
+    mods = {}
+    for folder, prefix in FOLDERS.items():
+        for path in [*(ROOT / folder).rglob("*.py"), *(ROOT / folder).rglob("*.c")]:
+            rel = path.relative_to(ROOT / folder).with_suffix("").parts
+            is_pkg = rel[-1] == "__init__"
+            parts = rel[:-1] if is_pkg else rel
+            mods[".".join((prefix, *parts))] = (path, is_pkg)
+    return mods
+
+
+def _imports(mod: str, path: pathlib.Path, is_pkg: bool, known: set[str]) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                pkg = ".".join(base + ([node.module] if node.module else []))
+            else:
+                pkg = node.module or ""
+            targets = [f"{pkg}.{a.name}" if f"{pkg}.{a.name}" in known else pkg for a in node.names]
+        else:
+            continue
+        out.update(t for t in targets if t in known and t != mod)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    """module -> the modules of coordl/, cache/ and pipelines/ it imports (anywhere in the file)"""
+    mods = _modules()
+    known = set(mods)
+    return {m: _imports(m, p, pkg, known) if p.suffix == ".py" else set() for m, (p, pkg) in mods.items()}
+
+
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_is_read():
+    g = graph()
+    assert "coordl.loader.dataloader" in g and "coordl.cache.minio" in g
+    assert "coordl.cache.shm" in g["coordl.cache.minio"]  # a relative `from . import shm`
+    assert "coordl.errors" in g["coordl.loader.dataloader"]
+    assert "coordl.manifest._statnames" in g["coordl.manifest.walk"]  # inside a try, a C extension
+
+
+def test_a_cycle_is_found():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_among_coordl_cache_and_pipelines():
+    assert _cycles(graph()) == []
+
+
+def test_cache_and_pipelines_import_only_the_error_tree_of_coordl():
+    bad = {}
+    for mod, deps in graph().items():
+        if mod.startswith(("coordl.cache", "coordl.pipelines")):
+            wrong = {d for d in deps if d != "coordl"
+                     and not d.startswith(("coordl.cache", "coordl.pipelines", "coordl.errors"))}
+            if wrong:
+                bad[mod] = sorted(wrong)
+    assert bad == {}
