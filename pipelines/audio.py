@@ -1,0 +1,148 @@
+"""Audio samples: WAV/FLAC bytes -> one fixed-length float32 window (channels, samples).
+
+Planning is separate from the work, as for image crops (pipelines/crop.py):
+`window_offset` is a pure function of the clip's length, the window's length,
+the transform and the item's generator (`pipelines/crop.py`'s `item_rng(seed, epoch, index)`);
+`window` decodes with soundfile and cuts.
+
+- ``"train"``: a random offset in ``[0, frames - length]``, drawn from the item's
+  generator, so it changes with the epoch and not with the number of workers.
+- ``"val"``: the centred window, offset ``(frames - length) // 2``.
+- A clip shorter than the window starts at sample 0 and is zero-padded at the end
+  (both transforms).
+- A file at another sample rate is decoded whole and resampled with soxr (HQ)
+  to the target rate first; the window is then cut from the resampled clip.
+- At the target rate only the window's frames are decoded (a seek, then one
+  read), plus the last frame, so that a cut-short file is refused whatever
+  window was drawn; damage inside the file but outside the window is not seen
+  (soundfile itself would only see it when decoding those frames).
+  Without soxr installed, such a file is refused with a `ConfigError` that names
+  both rates and the fix.
+
+Pipelines know samples, never where bytes come from: errors raised here name
+the problem and leave the file name to the dataset (coordl/datasets/audio.py).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+
+import numpy as np
+
+from coordl.errors import ConfigError, SampleError
+
+TRANSFORMS = ("train", "val")
+
+
+def soundfile():
+    """The soundfile module, or a ConfigError that says how to install it."""
+    try:
+        import soundfile as sf
+    except ImportError as e:
+        raise ConfigError(f"audio needs the soundfile package ({e}): pip install 'coordl[audio]' "
+                          "(or pip install soundfile)") from None
+    except OSError as e:  # the package is there but libsndfile is not
+        raise ConfigError(f"soundfile cannot load libsndfile ({e}): install libsndfile1 "
+                          "(apt-get install libsndfile1) or a soundfile wheel that bundles it") from None
+    return sf
+
+
+def _soxr():
+    try:
+        import soxr
+    except ImportError:
+        return None
+    return soxr
+
+
+def window_length(sample_rate: int, seconds: float) -> int:
+    """Samples in a window of `seconds` at `sample_rate` (rounded to the nearest sample)."""
+    return max(1, int(round(sample_rate * seconds)))
+
+
+def window_offset(frames: int, length: int, transform: str, rng: random.Random | None) -> int:
+    """Where item's window starts in a clip of `frames` samples: random ("train", from `rng`),
+    centred ("val"), 0 when the clip is no longer than the window."""
+    if frames <= length:
+        return 0
+    if transform == "train":
+        return rng.randrange(frames - length + 1)
+    return (frames - length) // 2
+
+
+def window(raw, sample_rate: int, length: int, transform: str, rng: random.Random | None,
+           channels: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """Item's window as float32 (channels, length), written into `out` when given.
+
+    `channels`: None keeps the file's; 1 averages the file's channels; n > 1 takes a
+    file with n channels or repeats a mono one (anything else is a SampleError).
+    """
+    sf = soundfile()
+    try:
+        with sf.SoundFile(io.BytesIO(raw)) as f:
+            rate, frames, file_channels = int(f.samplerate), int(f.frames), int(f.channels)
+            if rate == sample_rate:
+                offset = window_offset(frames, length, transform, rng)
+                want = min(length, frames - offset)
+                if offset:
+                    f.seek(offset)
+                data = f.read(want, dtype="float32", always_2d=True)
+                if offset + want < frames:  # the verdict on a cut-short file must not depend on the window
+                    f.seek(frames - 1)
+                    if len(f.read(1, dtype="float32")) != 1:
+                        raise SampleError(f"corrupt audio: the header promises {frames} frames and "
+                                          "the last one cannot be decoded (a cut-short file?)")
+            else:
+                data = f.read(dtype="float32", always_2d=True)
+                want = len(data)
+    except sf.SoundFileError as e:
+        raise SampleError(f"not a WAV/FLAC file soundfile can read ({_reason(e)})") from None
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise SampleError(f"corrupt audio ({type(e).__name__}: {e})") from None
+    if len(data) != want:
+        raise SampleError(f"corrupt audio: the header promises {frames} frames and only "
+                          f"{len(data)} of the {want} asked for could be decoded")
+    if rate != sample_rate:
+        data = resample(data, rate, sample_rate)
+        offset = window_offset(len(data), length, transform, rng)
+        data = data[offset:offset + length]
+    data = _mix(data, file_channels, channels)
+    if out is None:
+        out = np.zeros((data.shape[1], length), dtype=np.float32)
+    else:
+        out[:, len(data):] = 0
+    out[:, :len(data)] = data.T
+    return out
+
+
+def resample(data: np.ndarray, rate: int, sample_rate: int) -> np.ndarray:
+    """(frames, channels) float32 from `rate` to `sample_rate` with soxr's HQ filter."""
+    soxr = _soxr()
+    if soxr is None:
+        raise ConfigError(f"a file at {rate} Hz needs resampling to sample_rate={sample_rate}, and "
+                          "soxr is not installed: pip install 'coordl[audio]' (or pip install soxr), "
+                          f"or convert the files to {sample_rate} Hz")
+    if len(data) == 0:
+        return data
+    return np.ascontiguousarray(soxr.resample(data, rate, sample_rate, quality="HQ"), dtype=np.float32)
+
+
+def _mix(data: np.ndarray, have: int, want: int | None) -> np.ndarray:
+    if want is None or want == have:
+        return data
+    if want == 1:
+        return data.mean(axis=1, keepdims=True, dtype=np.float32)
+    if have == 1:
+        return np.repeat(data, want, axis=1)
+    raise SampleError(f"the file has {have} channels and channels={want} was asked for: "
+                      "pass channels=1 (mix down), None (keep each file's) or the file's count")
+
+
+def _reason(e: Exception) -> str:
+    """libsndfile's own words, without the BytesIO repr soundfile puts in its message."""
+    text = getattr(e, "error_string", None) or str(e)
+    return text.split(": ", 1)[-1] if text.startswith("Error opening") else text
+
+
+__all__ = ["TRANSFORMS", "resample", "soundfile", "window", "window_length", "window_offset"]
