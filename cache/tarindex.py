@@ -1,0 +1,378 @@
+"""Tar shards in WebDataset layout: an index of (shard, offset, size) per sample, and reads by pread.
+
+A WebDataset shard is a plain tar whose members are grouped into samples by key: the member
+name up to the first dot of its base name (``train/0001.jpg`` and ``train/0001.cls`` are the
+sample ``train/0001``, extensions ``jpg`` and ``cls``; webdataset's ``base_plus_ext`` rule,
+extensions compared in lower case). Members without a dot are ignored, as webdataset does.
+
+`build_index` reads each shard's tar *headers* (Python's tarfile, which seeks over member
+data) on a thread pool, one task per shard, and records per sample: the shard, the offset
+and size of its image member (the first of ``image_ext``, in that order of preference), and
+its label: the text of its ``label_ext`` member parsed as an int (those members are a few
+bytes each and are read while indexing, so labels are an array and a batch needs no extra
+read for them). Items are in shard order (as given), then in order of first appearance in
+the shard.
+
+What can be wrong, and where it shows (never a crash of the builder):
+
+- a shard that tarfile cannot read past some point (a torn header, a truncated file, bytes
+  that are not a tar): the samples indexed before that point are kept and the shard's
+  ``damage`` says what and after which key; a member whose data lies past the end of the
+  file fails when read (`read_many` returns a `SampleError` naming shard and key);
+- a sample without an image member, without a label member, or with a label that is not an
+  int: the item exists, and `image_state`/`label_state` say so; the dataset turns them into
+  a `SampleError` naming shard and key when the item is used.
+
+`read_many(items)` sorts a batch's items by (shard, offset) and reads each run of items of one
+shard whose gaps are at most `max_gap` bytes (the label member and the next header lie between
+two consecutive samples) with ONE pread; it returns the bytes per item and the number of reads
+and bytes it made.
+
+Persisted like the manifest (coordl/manifest/store.py): one file per (shard paths,
+extensions) in the folder the caller names, reused while every shard has the (size, mtime_ns,
+ctime_ns, inode) it had when indexed; a flock makes one process build while the others of the
+same moment wait and load its result; written under a temporary name and renamed. A file that
+fails its checksums is rebuilt. `BUILDS` counts builds and loads (tests).
+
+The fingerprint covers what a faithful copy of the shards keeps (base names, sizes, whole-second
+mtimes, every item's key, offset, size and label) and the first and last 4 KiB of up to
+SAMPLE_ITEMS evenly spaced image members; it changes whenever a shard is rewritten.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import tarfile
+import tempfile
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+from coordl.errors import SampleError
+
+MAGIC = b"COORDLT1"
+SAMPLE_ITEMS = 64
+SAMPLE_BYTES = 4096
+MAX_GAP = 4096  # merge two items of one batch and shard when at most this many bytes lie between (neighbours)
+BUILDS = {"builds": 0, "loads": 0}
+_KEY = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")  # webdataset's base_plus_ext
+_ARRAYS = ("shard", "offset", "size", "label", "image_state", "label_state", "key_off", "keys")
+# image_state / label_state values
+OK, MISSING, BAD = 0, 1, 2
+
+
+@dataclasses.dataclass
+class _Scan:
+    keys: list[str]
+    offset: list[int]
+    size: list[int]
+    label: list[int]
+    image_state: list[int]
+    label_state: list[int]
+    damage: str | None
+
+
+def _scan_shard(path: str, image_ext: Sequence[str], label_ext: str) -> _Scan:
+    """One shard's samples from its headers (and its label members' few bytes)."""
+    groups: dict[str, dict] = {}
+    damage, last = None, None
+    try:
+        file_size = os.stat(path).st_size
+        with tarfile.open(path, "r:") as tar:
+            try:
+                for m in tar:
+                    match = _KEY.match(m.name)
+                    if not m.isfile() or match is None:
+                        continue
+                    key, ext = match.group(1), match.group(2).lower()
+                    last = key
+                    g = groups.setdefault(key, {})
+                    if ext in image_ext and ext not in g:
+                        g[ext] = (m.offset_data, m.size)
+                    elif ext == label_ext and "label" not in g:
+                        if m.offset_data + m.size > file_size:
+                            g["label"] = None
+                        else:
+                            g["label"] = tar.extractfile(m).read()
+                end = tar.offset
+            except (tarfile.TarError, OSError, EOFError) as e:
+                damage, end = f"{e}" + (f" (after the sample {last!r})" if last else ""), None
+            if damage is None and end is not None and end < file_size:
+                with open(path, "rb") as f:
+                    f.seek(end)
+                    rest = f.read(min(file_size - end, 1 << 20))
+                if rest.strip(b"\0") or file_size - end > 1 << 20:
+                    damage = (f"bytes at offset {end} are not a tar header"
+                              + (f" (after the sample {last!r})" if last else ""))
+    except (tarfile.TarError, OSError, EOFError) as e:
+        damage = f"not a readable tar file ({e})"
+    scan = _Scan([], [], [], [], [], [], damage)
+    for key, g in groups.items():
+        img = next((g[e] for e in image_ext if e in g), None)
+        scan.keys.append(key)
+        scan.offset.append(img[0] if img else 0)
+        scan.size.append(img[1] if img else 0)
+        scan.image_state.append(OK if img else MISSING)
+        raw = g.get("label", b"")
+        try:
+            label, state = (int(raw.decode("ascii").strip()), OK) if raw else (-1, MISSING if "label" not in g else BAD)
+        except (ValueError, UnicodeDecodeError):
+            label, state = -1, BAD
+        scan.label.append(label)
+        scan.label_state.append(state)
+    return scan
+
+
+def _stat(path: str) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+class TarIndex:
+    """The samples of a list of tar shards: per item, its shard, image offset and size, label."""
+
+    def __init__(self, shards: list[str], damage: list[str | None], arrays: dict[str, np.ndarray],
+                 fingerprint: str) -> None:
+        self.shards, self.damage, self.fingerprint = shards, damage, fingerprint
+        for name in _ARRAYS:
+            setattr(self, name, arrays[name])
+        self._fds: tuple[int, dict[int, int]] = (os.getpid(), {})
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.size.sum())
+
+    def key(self, i: int) -> str:
+        return bytes(self.keys[self.key_off[i]:self.key_off[i + 1]]).decode("utf-8", "surrogateescape")
+
+    def where(self, i: int) -> str:
+        """'<shard path>: sample <key>', for messages."""
+        return f"{self.shards[int(self.shard[i])]}: sample {self.key(i)!r}"
+
+    def _fd(self, s: int) -> int:
+        with self._lock:
+            pid, fds = self._fds
+            if pid != os.getpid():  # inherited through fork: this process opens its own
+                self._fds = pid, fds = os.getpid(), {}
+            if s not in fds:
+                fds[s] = os.open(self.shards[s], os.O_RDONLY)
+            return fds[s]
+
+    def close(self) -> None:
+        with self._lock:
+            pid, fds = self._fds
+            if pid == os.getpid():
+                for fd in fds.values():
+                    os.close(fd)
+            self._fds = os.getpid(), {}
+
+    def read(self, i: int, drop_page_cache: bool = False) -> bytes:
+        """Item i's image bytes (one pread); raises SampleError naming shard and key."""
+        data, errors, _, _ = self.read_many([i], drop_page_cache)
+        if i in errors:
+            raise errors[i]
+        return data[i]
+
+    def read_many(self, items: Sequence[int], drop_page_cache: bool = False, max_gap: int = MAX_GAP
+                  ) -> tuple[dict[int, bytes], dict[int, SampleError], int, int]:
+        """(bytes per item, SampleError per item that failed, preads made, bytes read).
+
+        Items of one shard whose image members lie at most `max_gap` bytes apart are read with
+        one pread; an item without an image member costs no read."""
+        data: dict[int, bytes] = {}
+        errors: dict[int, SampleError] = {}
+        todo = []
+        for i in dict.fromkeys(int(i) for i in items):
+            if self.image_state[i] != OK:
+                errors[i] = SampleError(f"{self.where(i)} has no image member: add it to the shard, "
+                                        "or pass on_error='skip'")
+            else:
+                todo.append((int(self.shard[i]), int(self.offset[i]), i))
+        todo.sort()
+        reads = nbytes = 0
+        k = 0
+        while k < len(todo):
+            s, start, _ = todo[k]
+            run = [todo[k]]
+            end = start + int(self.size[todo[k][2]])
+            while k + len(run) < len(todo):
+                s2, off2, i2 = todo[k + len(run)]
+                if s2 != s or off2 - end > max_gap:
+                    break
+                run.append(todo[k + len(run)])
+                end = max(end, off2 + int(self.size[i2]))
+            k += len(run)
+            try:
+                fd = self._fd(s)
+                buf = os.pread(fd, end - start, start)
+                if drop_page_cache:
+                    os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+            except OSError as e:
+                for _, _, i in run:
+                    errors[i] = SampleError(f"{self.where(i)}: cannot read the shard ({e.strerror or e}): "
+                                            "check that it exists and is readable, or pass on_error='skip'")
+                continue
+            reads += 1
+            nbytes += len(buf)
+            view = memoryview(buf)
+            for _, off, i in run:
+                piece = view[off - start: off - start + int(self.size[i])]
+                if len(piece) != int(self.size[i]):
+                    errors[i] = SampleError(f"{self.where(i)}: the shard ends inside the image member "
+                                            f"({len(piece)} of {int(self.size[i])} bytes): the shard is "
+                                            "truncated; rewrite it, or pass on_error='skip'")
+                else:
+                    data[i] = bytes(piece) if len(run) > 1 else buf
+        return data, errors, reads, nbytes
+
+
+# -- building, persisting, loading --
+
+def _fingerprint(shards: list[str], stats: list[list[int]], exts: list, arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256(b"coordl-tarindex-1")
+    h.update(json.dumps([exts, [[os.path.basename(p), st[0], st[1] // 10**9] for p, st in zip(shards, stats)]]
+                        ).encode("utf-8", "surrogateescape"))
+    for name in ("shard", "offset", "size", "label", "key_off", "keys"):
+        h.update(np.ascontiguousarray(arrays[name]).tobytes())
+    n = len(arrays["shard"])
+    picks = sorted({j * n // SAMPLE_ITEMS for j in range(min(n, SAMPLE_ITEMS))})
+    for i in picks:
+        if arrays["image_state"][i] != OK:
+            continue
+        s, off, size = int(arrays["shard"][i]), int(arrays["offset"][i]), int(arrays["size"][i])
+        try:
+            with open(shards[s], "rb") as f:
+                if size <= 2 * SAMPLE_BYTES:
+                    f.seek(off)
+                    part = f.read(size)
+                else:
+                    f.seek(off)
+                    part = f.read(SAMPLE_BYTES)
+                    f.seek(off + size - SAMPLE_BYTES)
+                    part += f.read(SAMPLE_BYTES)
+        except OSError:
+            part = b"unreadable"
+        h.update(i.to_bytes(8, "little") + part)
+    return h.hexdigest()
+
+
+def _build(shards: list[str], image_ext: tuple, label_ext: str, threads: int) -> tuple[list, dict]:
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(shards))), "coordl-tarindex") as pool:
+        scans = list(pool.map(lambda p: _scan_shard(p, image_ext, label_ext), shards))
+    keys = [k.encode("utf-8", "surrogateescape") for sc in scans for k in sc.keys]
+    arrays = {
+        "shard": np.concatenate([np.full(len(sc.keys), s, np.int32) for s, sc in enumerate(scans)] or
+                                [np.zeros(0, np.int32)]),
+        "offset": np.array([v for sc in scans for v in sc.offset], np.int64),
+        "size": np.array([v for sc in scans for v in sc.size], np.int64),
+        "label": np.array([v for sc in scans for v in sc.label], np.int64),
+        "image_state": np.array([v for sc in scans for v in sc.image_state], np.uint8),
+        "label_state": np.array([v for sc in scans for v in sc.label_state], np.uint8),
+        "key_off": np.concatenate([[0], np.cumsum([len(k) for k in keys], dtype=np.int64)]).astype(np.int64),
+        "keys": np.frombuffer(b"".join(keys), np.uint8).copy(),
+    }
+    return [sc.damage for sc in scans], arrays
+
+
+def _save(path: str, header: dict, arrays: dict[str, np.ndarray]) -> None:
+    table, chunks, off = {}, [], 0
+    for name in _ARRAYS:
+        data = np.ascontiguousarray(arrays[name]).tobytes()
+        table[name] = [off, arrays[name].dtype.str, int(arrays[name].size), xxhash.xxh3_64_hexdigest(data)]
+        chunks.append(data)
+        off += len(data)
+    text = json.dumps({**header, "arrays": table}).encode()
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + len(text).to_bytes(8, "little") + xxhash.xxh3_64_intdigest(text).to_bytes(8, "little"))
+            f.write(text)
+            for c in chunks:
+                f.write(c)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _load(path: str) -> tuple[dict, dict[str, np.ndarray]] | None:
+    """The header and arrays of a persisted index, or None if missing, foreign or damaged."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    if raw[:8] != MAGIC or len(raw) < 24:
+        return None
+    n = int.from_bytes(raw[8:16], "little")
+    text = raw[24:24 + n]
+    if len(text) != n or xxhash.xxh3_64_intdigest(text) != int.from_bytes(raw[16:24], "little"):
+        return None
+    try:
+        header = json.loads(text)
+        arrays = {}
+        for name, (off, dtype, count, digest) in header["arrays"].items():
+            start = 24 + n + off
+            data = raw[start:start + count * np.dtype(dtype).itemsize]
+            if len(data) != count * np.dtype(dtype).itemsize or xxhash.xxh3_64_hexdigest(data) != digest:
+                return None
+            arrays[name] = np.frombuffer(data, dtype=dtype)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return header, arrays
+
+
+def build_index(shards: Sequence[str], image_ext: Sequence[str] = ("jpg", "jpeg", "png", "webp"),
+                label_ext: str = "cls", folder: str | None = None, threads: int = 16,
+                rebuild: bool = False) -> TarIndex:
+    """The index of `shards` (local paths), loaded from `folder` when every shard is unchanged,
+    else built (headers on a thread pool) and saved there. `folder=None`: built, not saved.
+
+    Raises OSError (naming the shard) when a shard cannot be stat'ed: a missing shard is a
+    configuration error for the caller to report."""
+    shards = [os.path.abspath(os.fspath(p)) for p in shards]
+    image_ext = tuple(e.lower().lstrip(".") for e in image_ext)
+    label_ext = label_ext.lower().lstrip(".")
+    stats = [_stat(p) for p in shards]
+    exts = [list(image_ext), label_ext]
+    if folder is None:
+        return _fresh(shards, stats, exts, threads)
+    name = hashlib.sha256(json.dumps([shards, exts]).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    path = os.path.join(folder, name + ".tarindex")
+    os.makedirs(folder, exist_ok=True)
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        loaded = None if rebuild else _load(path)
+        if loaded is not None and loaded[0].get("stats") == stats and loaded[0].get("exts") == exts:
+            header, arrays = loaded
+            BUILDS["loads"] += 1
+            return TarIndex(shards, header["damage"], arrays, header["fingerprint"])
+        index = _fresh(shards, stats, exts, threads)
+        arrays = {n: getattr(index, n) for n in _ARRAYS}
+        _save(path, {"shards": shards, "stats": stats, "exts": exts, "damage": index.damage,
+                     "fingerprint": index.fingerprint}, arrays)
+        return index
+    finally:
+        os.close(lock)
+
+
+def _fresh(shards: list[str], stats: list[list[int]], exts: list, threads: int) -> TarIndex:
+    damage, arrays = _build(shards, tuple(exts[0]), exts[1], threads)
+    BUILDS["builds"] += 1
+    return TarIndex(shards, damage, arrays, _fingerprint(shards, stats, exts, arrays))
