@@ -89,6 +89,7 @@ from coordl.errors import CacheError, ConfigError
 
 from . import shm
 from .checksum import digest
+from .forkguard import ForkGuard
 from .layout import CORRUPT, Segment, data_offset, file_size
 
 _OPEN_TRIES = 5
@@ -124,7 +125,7 @@ class MinIOCache:
         self._n = 0
         self._label = ""
         self._seg: Segment | None = None
-        self._pid = os.getpid()
+        self._fork = ForkGuard()  # a forked child re-opens its file and registers (`_after_fork`)
         self._tlock = threading.Lock()
         self._warned = False  # CacheFullWarning given (once per process)
 
@@ -162,7 +163,8 @@ class MinIOCache:
             if seg is None:
                 continue
             if self._join(seg):
-                self._seg, self._pid = seg, os.getpid()
+                self._seg = seg
+                self._fork.reset()
                 return self
             seg.close()  # replaced or dropped between opening and registering: open again
         raise CacheError(f"cannot open cache segment {self.path}: it is being created and removed "
@@ -283,13 +285,14 @@ class MinIOCache:
                                  "loader with cache=... to attach to (or create) the dataset's cache")
             raise CacheError("the MinIOCache is not open: pass it to coordl.DataLoader(cache=...) "
                              "or call cache.open(fingerprint, n_items)")
-        if self._pid != os.getpid():
+        if self._fork.forked():
             self._after_fork(seg)
         return seg
 
     def _after_fork(self, seg: Segment) -> None:
         """In a forked child: own open file (own locks), own thread lock, own pid slot."""
-        self._pid, self._tlock = os.getpid(), threading.Lock()
+        self._tlock = threading.Lock()
+        self._fork.reset()
         seg.fd = shm.reopen(seg.fd)
         shm.hold_attached(seg.fd)
         self._register()
@@ -386,7 +389,7 @@ class MinIOCache:
         seg = self._seg
         if seg is None:
             return
-        if self._pid == os.getpid():
+        if self._fork.owner():
             with self._writer():
                 seg.unregister(os.getpid())
         self._seg = None

@@ -17,7 +17,7 @@ NOTE (lifecycle, threads and fork). Each ObjectStore owns, per process, one even
 (async filesystems run there, built with `asynchronous=True` on that loop and never taken from
 fsspec's instance cache) and, for synchronous filesystems, a thread pool. Both are made on first
 use in a process, so construction in the parent and use in a DataLoader worker both work:
-- fork: the child finds `_pid` changed and builds its own loop thread, filesystem and pool; the
+- fork: the child finds its `ForkGuard` forked and builds its own loop thread, filesystem and pool; the
   parent's objects are parked in `_INHERITED` for the child's lifetime and never closed or
   collected there, because closing them would act on the parent's sockets and epoll instance
   (shared across fork) and stall the parent. Counters restart at zero in the child (they count
@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 from coordl.errors import ConfigError, DatasetError, SampleError
 
+from .forkguard import ForkGuard
 from .objstore_policy import Redactor, StoreConfig, backoff, classify, walk_order_key
 
 #: Per-process objects a forked child inherited from its parent: kept, never closed (see NOTE).
@@ -73,7 +74,7 @@ class _Runtime:
     """The per-process half: an event loop on a daemon thread, the filesystem, a thread pool."""
 
     def __init__(self, make_fs, max_in_flight: int) -> None:
-        self.pid = os.getpid()
+        self.fork = ForkGuard()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="coordl-objstore", daemon=True)
         self.thread.start()
@@ -85,7 +86,7 @@ class _Runtime:
 
     def close(self) -> None:
         """Close the session, stop the loop, join the thread. Only in the process that made it."""
-        if self.pid != os.getpid():
+        if self.fork.forked():
             _INHERITED.append(self)  # a forked child collecting the parent's: park it, never close (NOTE)
             return
         if self.loop.is_closed():
@@ -201,11 +202,11 @@ class ObjectStore:
 
     def _rt(self) -> _Runtime:
         rt = self._runtime
-        if rt is not None and rt.pid == os.getpid():
+        if rt is not None and rt.fork.owner():
             return rt
         with _lock:
             rt = self._runtime
-            if rt is not None and rt.pid != os.getpid():  # forked: park the parent's, start afresh
+            if rt is not None and rt.fork.forked():  # forked: park the parent's, start afresh
                 _INHERITED.append(rt)
                 self._runtime = rt = None
                 self._counts = dict.fromkeys(_COUNTERS, 0)

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import os
 import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -75,6 +74,7 @@ from coordl.errors import CacheError, ConfigError
 
 from . import nodehealth, placement, redisnode
 from .checksum import digest
+from .forkguard import ForkGuard
 
 HEADER = struct.Struct("<4sQQQ")   # magic, item, payload length, xxh3-64 of the payload ^ binding
 MAGIC = b"CDL2"
@@ -162,7 +162,7 @@ class PartitionedCache:
         self._health = nodehealth.NodeHealth(len(self.nodes))
         self._full = [False] * len(self.nodes)
         self._maxmemory = [0] * len(self.nodes)
-        self._pid = -1
+        self._fork = ForkGuard(owned=False)  # connections are rebuilt in each process
         self._connect()
         if _check:
             for j in range(len(self.nodes)):
@@ -181,15 +181,15 @@ class PartitionedCache:
                          for url in self.nodes]
         self._scripts = [c.register_script(_ADMIT) for c in self._clients]
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pid = os.getpid()
+        self._fork.reset()
 
     def _client(self, j: int):
-        if self._pid != os.getpid():
+        if self._fork.forked():
             self._connect()
         return self._clients[j]
 
     def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pid != os.getpid():
+        if self._fork.forked():
             self._connect()
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -273,7 +273,7 @@ class PartitionedCache:
         shown = redisnode.redact(self.nodes[j])
         self._health.fault(j, self.retry_after, kind, nodehealth.describe(shown, kind, e, self.retry_after))
         self._full[j] = False  # when it answers again it may be a fresh, empty server
-        if self._pid == os.getpid():
+        if self._fork.owner():
             self._clients[j].connection_pool.disconnect()
 
     # -- reads --
@@ -336,7 +336,7 @@ class PartitionedCache:
         if self._full[j] or not self._usable(j) or memoryview(raw).nbytes == 0:
             return False
         redis = redisnode.redis_module()
-        if self._pid != os.getpid():
+        if self._fork.forked():
             self._connect()
         try:
             done = int(self._scripts[j](keys=[self.key(i), self.meta_key],
@@ -411,7 +411,7 @@ class PartitionedCache:
 
     def close(self) -> None:
         """Close connections and the thread pool of this process."""
-        if self._pid == os.getpid():
+        if self._fork.owner():
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
             for c in self._clients:

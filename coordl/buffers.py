@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from .cache import shm
+from .cache.forkguard import ForkGuard
 from .errors import ConfigError
 
 FREE, LENT, RETIRED = 0, 1, 2
@@ -100,7 +101,7 @@ class WorkerBuffers:
     def __init__(self, slots: int) -> None:
         check_platform()
         self.slots = slots
-        self.pid = os.getpid()
+        self.fork = ForkGuard()  # the worker that made them; a forked copy makes its own
         self._buffers: list[torch.UntypedStorage] = []
         self._flags: list[np.ndarray] = []   # byte 0 of each buffer's trailer
 
@@ -109,7 +110,7 @@ class WorkerBuffers:
         buf = new_shared(capacity + TRAILER)
         trailer = torch.empty(0, dtype=torch.uint8).set_(buf, capacity, (TRAILER,)).numpy()
         trailer[1:8] = np.frombuffer(_MAGIC, dtype=np.uint8)
-        trailer[8:16] = np.frombuffer(np.int64(self.pid).tobytes(), dtype=np.uint8)
+        trailer[8:16] = np.frombuffer(np.int64(self.fork.pid).tobytes(), dtype=np.uint8)
         return buf, trailer
 
     def acquire(self, nbytes: int) -> tuple[torch.UntypedStorage, bool, bool]:

@@ -53,6 +53,7 @@ import weakref
 
 import torch
 
+from coordl.cache.forkguard import ForkGuard
 from coordl.errors import ConfigError, CoordinatorError, SampleError
 from coordl.loader import resume
 
@@ -90,7 +91,7 @@ class Client:
             "world_size": 1}
         self.path = parse_address(address)
         self.timeout = float(timeout) if timeout and timeout > 0 else None
-        self._pid = os.getpid()
+        self._fork = ForkGuard()  # the connection is this process's; a fork may not use it
         self.channel = _Channel(self.path)
         try:
             self.channel.send(p.Hello(
@@ -142,9 +143,9 @@ class Client:
         return EpochIterator(self, pin_memory)
 
     def _check_pid(self) -> None:
-        if os.getpid() != self._pid:
+        if self._fork.forked():
             raise CoordinatorError(
-                f"this DataLoader's coordinator connection belongs to process {self._pid}, and "
+                f"this DataLoader's coordinator connection belongs to process {self._fork.pid}, and "
                 f"process {os.getpid()} (a fork) cannot share it: create the DataLoader in the "
                 "process that iterates it")
 

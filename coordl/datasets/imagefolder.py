@@ -30,6 +30,7 @@ import torch
 from coordl.batch import PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
+from coordl.cache.forkguard import ForkGuard
 from coordl.errors import ConfigError, CoordinatorError, SampleError
 from coordl.loader.stats import Counters
 from coordl.manifest.build import IMG_EXTENSIONS, scan
@@ -48,7 +49,7 @@ class _NoCounters:
 _NO_COUNTERS = _NoCounters()
 
 
-_READERS: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_READERS: tuple[ForkGuard, concurrent.futures.ThreadPoolExecutor] | None = None
 _READ_THREADS = 4
 
 
@@ -58,8 +59,8 @@ def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futur
     global _READERS
     if not items:
         return {}
-    if _READERS is None or _READERS[0] != os.getpid():
-        _READERS = (os.getpid(), concurrent.futures.ThreadPoolExecutor(_READ_THREADS, "coordl-read"))
+    if _READERS is None or _READERS[0].forked():
+        _READERS = (ForkGuard(), concurrent.futures.ThreadPoolExecutor(_READ_THREADS, "coordl-read"))
     pool, drop = _READERS[1], ds.drop_page_cache
     return {i: pool.submit(storage.read_file, ds.manifest.path(i), drop) for i in items}
 
@@ -366,7 +367,7 @@ class ImageFolder(CoordlDataset):
         if torch.utils.data.get_worker_info() is None:
             return torch.empty((n, h, w, 3), dtype=torch.uint8), False
         nbytes = n * h * w * 3
-        if self.batch_slots and (self._buffers is None or self._buffers.pid != os.getpid()):
+        if self.batch_slots and (self._buffers is None or self._buffers.fork.forked()):
             self._buffers = WorkerBuffers(self.batch_slots)
         if self.batch_slots:
             storage_, pooled, fresh = self._buffers.acquire(nbytes)
