@@ -91,6 +91,7 @@ from . import shm
 from .checksum import digest
 from .forkguard import ForkGuard
 from .layout import CORRUPT, Segment, data_offset, file_size
+from .sizes import parse_size
 
 _OPEN_TRIES = 5
 
@@ -103,9 +104,9 @@ class MinIOCache:
     """A node-wide cache of encoded item bytes for one dataset fingerprint.
 
     Args:
-        capacity: bytes of item data the cache may hold, at most the dataset's
-            bytes (see `open`); its shared-memory segment is this plus a
-            24-byte-per-item index, and takes memory only as items are cached.
+        capacity: bytes, or a size string ('8GiB'), of item data the cache may hold,
+            at most the dataset's bytes (see `open`); its shared-memory segment is this
+            plus a 24-byte-per-item index, and takes memory only as items are cached.
         directory: the shared-memory folder that holds the segment.
         name: segment name (default ``coordl-cache-<fingerprint[:16]>``, which
             is how every process on the node finds the same cache).
@@ -114,11 +115,13 @@ class MinIOCache:
     segment exists already with the same capacity (after the cap), `open`
     attaches to it; with another one, it makes a new cache when no process
     uses the old one and raises `CacheError` when one does (NOTE [capacity]).
+    ``coordl.MinIOCache`` is this class; `drop()` removes the cache from the node,
+    otherwise it outlives the loader and the next process that opens the same
+    dataset attaches to it and hits at once.
     """
 
-    def __init__(self, capacity: int, *, directory: str = shm.SHM_DIR, name: str | None = None) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
-            raise ConfigError(f"capacity={capacity!r} must be a positive number of bytes, e.g. 8 * 2**30")
+    def __init__(self, capacity: int | str, *, directory: str = shm.SHM_DIR, name: str | None = None) -> None:
+        capacity = parse_size(capacity, "capacity")
         self.capacity, self.directory, self._name = capacity, os.fspath(directory), name
         self.requested = capacity  # what was asked for; `capacity` is what it is once open
         self.fingerprint: str | None = None

@@ -75,6 +75,7 @@ from coordl.errors import CacheError, ConfigError
 from . import nodehealth, placement, redisnode
 from .checksum import digest
 from .forkguard import ForkGuard
+from .sizes import parse_size
 
 HEADER = struct.Struct("<4sQQQ")   # magic, item, payload length, xxh3-64 of the payload ^ binding
 MAGIC = b"CDL2"
@@ -138,20 +139,30 @@ class PartitionedCache:
         nodes: one Redis URL per server (``redis://[:password@]host:port/db``,
             ``rediss://`` for TLS, ``unix:///path.sock``), the same list on every server.
         node_rank: which entry of `nodes` is this server's own node.
-        capacity_per_node: bytes of values this dataset may hold on each node
-            (None: as much as the server's ``maxmemory`` allows).
+        capacity_per_node: bytes, or a size string ('16GiB'), of values this dataset may hold
+            on each node (None: as much as the server's ``maxmemory`` allows).
         timeout: seconds a node may take to connect or answer before it is skipped.
         retry_after: seconds a node that failed is skipped before it is tried again.
+
+    Construction connects to every node and raises `coordl.ConfigError` naming the
+    URL and the fix for a wrong password, an unknown host, a closed port, a server
+    that is not Redis, a replica, or a Redis whose eviction policy would thrash
+    (LRU/LFU/random); and for one node listed twice under two spellings
+    (``redis://localhost:6390`` and ``redis://127.0.0.1:6390/0``). Once running, any
+    Redis error on a node makes it skipped for `retry_after` seconds (its items come
+    from storage), counted in ``loader.stats()`` (``nodes_down``, ``node_faults``,
+    worker processes included) and logged once with the fix; never an exception in
+    the training loop. ``coordl.PartitionedCache`` is this class.
     """
 
-    def __init__(self, nodes: Sequence[str], node_rank: int, *, capacity_per_node: int | None = None,
+    def __init__(self, nodes: Sequence[str], node_rank: int, *, capacity_per_node: int | str | None = None,
                  timeout: float = 0.25, retry_after: float = 5.0, _check: bool = True) -> None:
         self.nodes, self.node_rank = _check_nodes(nodes), node_rank
         if not (isinstance(node_rank, int) and 0 <= node_rank < len(self.nodes)):
             raise ConfigError(f"node_rank={node_rank!r} must be an int in [0, {len(self.nodes)}): the index "
                               "of this server's own node in nodes=")
-        if capacity_per_node is not None and not (isinstance(capacity_per_node, int) and capacity_per_node > 0):
-            raise ConfigError(f"capacity_per_node={capacity_per_node!r} must be a positive number of bytes or None")
+        if capacity_per_node is not None:
+            capacity_per_node = parse_size(capacity_per_node, "capacity_per_node")
         for name, v in (("timeout", timeout), ("retry_after", retry_after)):
             if not (isinstance(v, (int, float)) and v >= 0) or (name == "timeout" and v == 0):
                 raise ConfigError(f"{name}={v!r} must be a positive number of seconds")

@@ -47,6 +47,8 @@ import struct
 
 from coordl.errors import CacheError, ConfigError, CoordlError
 
+from .sizes import fmt_bytes  # the one byte formatter (also shm.fmt_bytes, as before)
+
 #: The node's shared-memory folder: every coordl segment lives here unless told otherwise
 #: ($COORDL_SHM_DIR, else /dev/shm; see the module docstring).
 SHM_DIR = os.path.abspath(os.environ.get("COORDL_SHM_DIR") or "/dev/shm")
@@ -64,15 +66,6 @@ def segment_name(fingerprint: str, name: str | None = None) -> str:
     if not name or "/" in name or name.startswith(".") or _TMP in name:
         raise ConfigError(f"name={name!r} is not a usable segment name: use letters, digits, '-' and '_'")
     return name if name.startswith(PREFIX) else PREFIX + name
-
-
-def fmt_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
 
 
 # -- space and creation ------------------------------------------------------------------

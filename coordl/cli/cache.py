@@ -16,6 +16,7 @@ from collections.abc import Callable
 import click
 
 from coordl.cache import admin, shm
+from coordl.cache.sizes import fmt_bytes
 from coordl.coordinator.cleanup import cleanup as coordinator_cleanup
 
 #: cleaner(directory) -> names removed; run in order by `coordl cleanup`.
@@ -47,15 +48,15 @@ def ls_cmd(directory: str) -> None:
         creator = f"{c.creator_pid} ({'alive' if c.creator_alive else 'dead'})"
         stale = "  (stale: superseded by a newer cache of this root; `coordl cleanup` removes it)"
         click.echo(f"{c.name}{stale if c.stale else ''}\n  dataset     {c.fingerprint[:16]}  {c.label}\n"
-                   f"  capacity    {shm.fmt_bytes(c.capacity)}\n"
-                   f"  fill        {shm.fmt_bytes(c.cached_bytes)} ({fill:.1f}%)\n"
+                   f"  capacity    {fmt_bytes(c.capacity)}\n"
+                   f"  fill        {fmt_bytes(c.cached_bytes)} ({fill:.1f}%)\n"
                    f"  memory      {_memory(directory, c.name)}\n"
                    f"  items       {c.items} of {c.n_items}\n"
                    f"  creator     {creator}\n"
                    f"  attached    {', '.join(map(str, c.attached)) or 'none'}"
                    + (f"\n  corrupt     {c.corrupt} (served from storage)" if c.corrupt else ""))
     for f in theirs:
-        click.echo(f"{f.name}  (another user's: {f.owner}, {shm.fmt_bytes(f.size)}; left alone)")
+        click.echo(f"{f.name}  (another user's: {f.owner}, {fmt_bytes(f.size)}; left alone)")
     for name, why in bad:
         click.echo(f"{name}  (unreadable: {why})")
 
@@ -92,7 +93,7 @@ def _memory(directory: str, name: str) -> str:
     """What the segment takes in the folder now: its index and the cached items' pages (the
     arena is allocated as it fills, see coordl.cache.minio NOTE [capacity])."""
     try:
-        return shm.fmt_bytes(os.stat(os.path.join(directory, name)).st_blocks * 512)
+        return fmt_bytes(os.stat(os.path.join(directory, name)).st_blocks * 512)
     except FileNotFoundError:
         return "gone (dropped meanwhile)"
 

@@ -21,20 +21,13 @@ import tempfile
 import click
 
 from coordl.cache import nodeproc, nodeurl, redisnode
+from coordl.cache.sizes import fmt_bytes, parse_size
 from coordl.errors import CacheError, ConfigError
-from coordl.loader.caching import parse_size
 
 _DEFAULT_DIR = os.path.join(tempfile.gettempdir(), "coordl-cache-node")
 _PORT = click.option("--port", type=int, default=redisnode.DEFAULT_PORT, show_default=True, help="TCP port.")
 _DIR = click.option("--dir", "directory", default=_DEFAULT_DIR, show_default=True,
                     type=click.Path(file_okay=False), help="Folder of the node's pid and log files.")
-
-
-def _fmt(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def _password(path: str | None) -> str | None:
@@ -104,7 +97,7 @@ def start_cmd(cache: str, port: int, bind: str, password_file: str | None, direc
     if not redisnode.is_loopback(bind) and bind.split()[0] in ("0.0.0.0", "::"):
         shown = shown.replace("127.0.0.1", socket.getfqdn())
     click.echo(shown)
-    click.echo(f"  maxmemory {_fmt(cfg.memory)}, noeviction, no persistence; pid {pid}"
+    click.echo(f"  maxmemory {fmt_bytes(cfg.memory)}, noeviction, no persistence; pid {pid}"
                + (f"; password from {password_file} (URL: redis://:PASSWORD@..., the password "
                   "percent-encoded)" if password_file else ""))
 
@@ -186,16 +179,16 @@ def status_cmd(urls: tuple[str, ...]) -> None:
             failed += 1
             continue
         used, cap = int(info["used_memory"]), int(info.get("maxmemory", 0))
-        free = f"{_fmt(max(cap - used, 0))} free of {_fmt(cap)}" if cap else "no maxmemory (unlimited)"
+        free = f"{fmt_bytes(max(cap - used, 0))} free of {fmt_bytes(cap)}" if cap else "no maxmemory (unlimited)"
         click.echo(f"{shown}\n  redis       {info.get('redis_version', '?')}, "
                    f"maxmemory-policy {info.get('maxmemory_policy', '?')}\n"
-                   f"  memory      {_fmt(used)} used, {free}")
+                   f"  memory      {fmt_bytes(used)} used, {free}")
         if not found:
             click.echo("  datasets    none")
         for fp, meta in sorted(found.items()):
             label = meta.get("label", "")
             click.echo(f"  dataset     {fp[:16]}  {meta.get('items', 0)} keys of {meta.get('n_items', '?')} items, "
-                       f"{_fmt(int(meta.get('bytes', 0)))}{'  ' + label if label else ''}")
+                       f"{fmt_bytes(int(meta.get('bytes', 0)))}{'  ' + label if label else ''}")
             if meta.get("problem"):
                 click.echo(f"              problem: {meta['problem']}")
     if failed:

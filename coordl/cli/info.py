@@ -60,9 +60,9 @@ def _extensions() -> str:
 
 
 def _shm_free() -> str:
-    from coordl.cache import shm
+    from coordl.cache import shm, sizes
 
     try:
-        return f"{shm.SHM_DIR} {shm.fmt_bytes(shm.free_bytes())} free"
+        return f"{shm.SHM_DIR} {sizes.fmt_bytes(shm.free_bytes())} free"
     except OSError:
         return f"{shm.SHM_DIR} missing"

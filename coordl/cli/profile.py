@@ -54,7 +54,7 @@ def _train_step_from(spec: str):
 def _cache_bytes(value: str) -> int:
     if value.strip() in ("0", "0B", "0b"):
         return 0
-    from coordl.loader.caching import parse_size
+    from coordl.cache.sizes import parse_size
 
     return parse_size(value, "--cache")
 

@@ -19,7 +19,7 @@ _SOCKET_HELP = f"Unix socket path (default {default_socket_path()})."
 def _size(ctx, param, value):
     if value is None:
         return None
-    from coordl.loader.caching import parse_size
+    from coordl.cache.sizes import parse_size
 
     try:
         return parse_size(value, "--cache")

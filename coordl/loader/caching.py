@@ -1,4 +1,4 @@
-"""Glue between `coordl.DataLoader` and the MinIO cache (`coordl.cache.minio`).
+"""Glue between `coordl.DataLoader` and the MinIO cache (`coordl.cache.minio`): `cache_for`.
 
     coordl.DataLoader(ds, cache="8GiB")                 # node-wide, found by ds.fingerprint
     coordl.DataLoader(ds, cache=coordl.MinIOCache("8GiB", directory="/dev/shm"))
@@ -6,47 +6,16 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from coordl.cache import minio, shm
+from coordl.cache import minio
+from coordl.cache.sizes import parse_size
 from coordl.errors import ConfigError
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+__all__ = ["MinIOCache", "cache_for", "dataset_bytes", "parse_size"]
 
-
-def parse_size(value: Any, param: str = "cache") -> int:
-    """Bytes from an int or a size string: '8GiB', '8G' (powers of 1024), '8GB' (powers of 1000)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value <= 0:
-            raise ConfigError(f"{param}={value!r} must be a positive number of bytes")
-        return value
-    m = _SIZE.match(value) if isinstance(value, str) else None
-    if m is None:
-        raise ConfigError(f"{param}={value!r} is not a size: pass bytes as an int, or a string "
-                          "such as '512MiB', '8GiB' or '8GB'")
-    number, prefix, binary, b = m.groups()
-    unit = _UNITS[prefix.lower() + ("b" if b and not binary and prefix else "")]
-    size = int(float(number) * unit)
-    if size <= 0:
-        raise ConfigError(f"{param}={value!r} must be more than 0 bytes")
-    return size
-
-
-class MinIOCache(minio.MinIOCache):
-    """A node-wide MinIO cache; `capacity` in bytes or a size string ('8GiB').
-
-    See `coordl.cache.minio.MinIOCache`; ``coordl.DataLoader(ds, cache=...)``
-    opens it for the dataset. `drop()` removes it from the node; otherwise it
-    outlives the loader, and the next process that opens the same dataset
-    attaches to it and hits at once.
-    """
-
-    def __init__(self, capacity: int | str, *, directory: str = shm.SHM_DIR,
-                 name: str | None = None) -> None:
-        super().__init__(parse_size(capacity, "capacity"), directory=directory, name=name)
+#: ``coordl.MinIOCache`` is the cache's own class, which takes bytes or a size string ('8GiB')
+MinIOCache = minio.MinIOCache
 
 
 def cache_for(dataset: Any, cache: Any) -> Any:

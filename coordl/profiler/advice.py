@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+from coordl.cache.sizes import fmt_mib
+
 from . import model
 
 STALL_FLOOR = 10.0   # % of the epoch: a smaller stall is noise on a short profile, "none"
@@ -233,4 +235,4 @@ def _size(nbytes: float, flag: bool = False) -> str:
     """'12.0 MiB' (text) or '13MiB' (a flag value, rounded up to whole MiB)."""
     if flag:
         return f"{max(1, math.ceil(nbytes / MiB))}MiB"
-    return f"{nbytes / MiB:.1f} MiB"
+    return fmt_mib(nbytes)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
+from coordl.cache.sizes import fmt_mib as _mib
+
 MiB = 2**20
-
-
-def _mib(n: float) -> str:
-    return f"{n / MiB:.1f} MiB"
 
 
 def table(r) -> str:

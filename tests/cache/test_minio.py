@@ -123,9 +123,10 @@ def test_capacity_larger_than_free_space_is_refused_with_both_sizes_and_the_fix(
 
 
 def test_bad_capacity_and_unopened_use_are_refused():
-    for bad in (0, -5, 1.5, "8GiB", True):
+    for bad in (0, -5, 1.5, "8 parsecs", True):
         with pytest.raises(ConfigError, match="capacity"):
             MinIOCache(bad)
+    assert MinIOCache("8GiB").capacity == 8 * 2**30  # a size string, as coordl.MinIOCache took it
     with pytest.raises(CacheError, match="not open"):
         MinIOCache(100).get(0)
 
