@@ -139,6 +139,12 @@ def _resize_into(img: Image.Image, box, size, flip: bool, out: np.ndarray | None
     return out
 
 
+def _size_of(img: Image.Image | None) -> tuple[int, int]:
+    if img is None:
+        raise RuntimeError("no image and no ROI size: _roi_size decides which one train() has")
+    return img.size
+
+
 def _roi_size(raw, use: bool) -> tuple[int, int] | None:
     """The JPEG's (width, height) when the ROI decoder is to decode it, else None (Pillow path)."""
     if not (use and jpegroi.AVAILABLE and jpegroi.is_jpeg(raw)):
@@ -158,12 +164,13 @@ def train(raw, size: int | tuple[int, int], rng: random.Random, out: np.ndarray 
     """
     roi_size = _roi_size(raw, roi and partial)
     img = None if roi_size else open_image(raw)
-    box = crop.random_resized_crop_box(*(roi_size or img.size), rng)
+    box = crop.random_resized_crop_box(*(roi_size or _size_of(img)), rng)
     do_flip = crop.flip(rng)
     if roi_size:
         got = jpegroi.region_image(raw, box, size, roi_size, draft)  # DecodeError: corrupt
         if got is not None:
             return _resize_into(*got, size, do_flip, out)
+    if img is None:
         img = open_image(raw)  # a colour space the ROI decoder leaves to Pillow
     if draft:
         box = _draft(img, box, size)

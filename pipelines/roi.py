@@ -52,6 +52,13 @@ except ImportError:  # not built: no compiler or no jpeglib.h at install time
     _jpegroi = None
 
 AVAILABLE = _jpegroi is not None
+
+
+def _lib():
+    """The C extension; only called where AVAILABLE was checked (cpu.py, dali.py)."""
+    if _jpegroi is None:
+        raise RuntimeError("coordl.pipelines._jpegroi is not built: run install.sh (needs cc, Python.h, jpeglib.h)")
+    return _jpegroi
 #: Columns each side that libjpeg-turbo's cropped upsampling gets wrong (the edge columns).
 EDGE = 1
 _SOI = b"\xff\xd8\xff"
@@ -64,12 +71,12 @@ def is_jpeg(raw) -> bool:
 def header(raw) -> tuple[int, int, bool]:
     """(width, height, supported) from the JPEG header; DecodeError if it is not one."""
     try:
-        return _jpegroi.header(raw)
+        return _lib().header(raw)
     except ValueError as e:
         raise _decode_error(e) from None
 
 
-def region_for_box(box, size: int, width: int, height: int) -> tuple[int, int, int, int]:
+def region_for_box(box, size: int | tuple[int, int], width: int, height: int) -> tuple[int, int, int, int]:
     """(x0, y0, x1, y1): the pixels a bilinear, antialiased resize of `box` to size x size reads.
 
     Pillow's resampler reads `support = max(extent / size, 1)` pixels past each
@@ -86,7 +93,8 @@ def region_for_box(box, size: int, width: int, height: int) -> tuple[int, int, i
     return x0, y0, x1, y1
 
 
-def scaled_region(box, size: int, image_size: tuple[int, int], scale: bool = True) -> tuple[int, tuple, tuple]:
+def scaled_region(box, size: int | tuple[int, int], image_size: tuple[int, int],
+                  scale: bool = True) -> tuple[int, tuple, tuple]:
     """(DCT scale denominator, region (x0, y0, x1, y1), box): what `decode_region` decodes for `box`,
     the region and the box in the scaled image's pixels."""
     full_w, full_h = image_size
@@ -98,7 +106,7 @@ def scaled_region(box, size: int, image_size: tuple[int, int], scale: bool = Tru
     return denom, region_for_box(scaled, size, sw, sh), scaled
 
 
-def check_region(raw, box, size: int, image_size: tuple[int, int], scale: bool = True) -> None:
+def check_region(raw, box, size: int | tuple[int, int], image_size: tuple[int, int], scale: bool = True) -> None:
     """DecodeError exactly where `decode_region` raises for `box`, without decoding its pixels.
 
     Decodes one row, the region's last, one iMCU wide, at the same scale: libjpeg
@@ -109,12 +117,12 @@ def check_region(raw, box, size: int, image_size: tuple[int, int], scale: bool =
     """
     denom, (x0, _y0, _x1, y1), _ = scaled_region(box, size, image_size, scale)
     try:
-        _jpegroi.decode(raw, denom, x0, y1 - 1, x0 + 1, y1, 3)
+        _lib().decode(raw, denom, x0, y1 - 1, x0 + 1, y1, 3)
     except ValueError as e:
         raise _decode_error(e) from None
 
 
-def decode_region(raw, box, size: int, image_size: tuple[int, int], channels: int = 3,
+def decode_region(raw, box, size: int | tuple[int, int], image_size: tuple[int, int], channels: int = 3,
                   scale: bool = True):
     """The low-level call: (pixels, width, height, box_in_region) or None when unsupported.
 
@@ -125,7 +133,7 @@ def decode_region(raw, box, size: int, image_size: tuple[int, int], channels: in
     """
     denom, (x0, y0, x1, y1), (left, top, w, h) = scaled_region(box, size, image_size, scale)
     try:
-        got = _jpegroi.decode(raw, denom, x0, y0, x1, y1, channels)
+        got = _lib().decode(raw, denom, x0, y0, x1, y1, channels)
     except ValueError as e:
         raise _decode_error(e) from None
     if got is None:
@@ -155,7 +163,7 @@ def decode_crop(raw, box, min_size: int, image_size: tuple[int, int] | None = No
     return np.frombuffer(pixels, dtype=np.uint8).reshape(rh, rw, 3), sub
 
 
-def region_image(raw, box, size: int, image_size: tuple[int, int], scale: bool = True):
+def region_image(raw, box, size: int | tuple[int, int], image_size: tuple[int, int], scale: bool = True):
     """`decode_region` as a PIL image: (RGBX image over the decoded bytes, box in it) or None.
 
     RGBX because Pillow keeps RGB at 4 bytes a pixel: RGBX wraps the bytes

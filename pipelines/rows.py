@@ -42,8 +42,9 @@ _EOI = b"\xff\xd9"
 
 def can_stop_early(img: Image.Image) -> bool:
     """Whether `top_rows` may be used on this (lazily opened) image."""
-    return (img.format == "JPEG" and img.mode == "RGB" and len(img.tile) == 1
-            and img.tile[0][0] == "jpeg" and hasattr(Image, "_getdecoder"))
+    tile = getattr(img, "tile", ())  # an ImageFile's decoder plan (not on a plain Image)
+    return (img.format == "JPEG" and img.mode == "RGB" and len(tile) == 1
+            and tile[0][0] == "jpeg" and hasattr(Image, "_getdecoder"))
 
 
 def rows_for_box(box: tuple[float, float, float, float], out_height: int) -> int:
@@ -67,18 +68,18 @@ def top_rows(img: Image.Image, raw, rows: int) -> Image.Image | None:
     width, height = img.size
     if rows >= height or bytes(raw[-2:]) != _EOI:
         return None
-    name, _extent, offset, args = img.tile[0]
-    decoder = Image._getdecoder(img.mode, name, args, img.decoderconfig)
+    name, _extent, offset, args = img.tile[0]  # can_stop_early: an ImageFile
+    decoder = Image._getdecoder(img.mode, name, args, getattr(img, "decoderconfig", ()))
     core = Image.core.new("RGB", (width, rows))
     for x in (0, width - 1):  # only the last row's ends: filling it all costs a full pass
         core.putpixel((x, rows - 1), _SENTINEL)
     try:
         decoder.setimage(core, (0, 0, width, rows))
         data = memoryview(raw)[offset:]
-        consumed, err = decoder.decode(data)
+        consumed, err = decoder.decode(data)  # pyright: ignore[reportArgumentType] (a memoryview works)
         while err == 0 and 0 < consumed < len(data):   # a suspending decoder may want more calls
             data = data[consumed:]
-            consumed, err = decoder.decode(data)
+            consumed, err = decoder.decode(data)  # pyright: ignore[reportArgumentType] (a memoryview works)
     finally:
         decoder.cleanup()
     if err == 0:  # asked for more data than the file has: truncated

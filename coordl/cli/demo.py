@@ -18,11 +18,13 @@ import os
 import statistics
 import time
 
+from typing import Any
+
 import click
 import torch
 
 
-def epoch_rate(loader) -> tuple[float, int, tuple]:
+def epoch_rate(loader) -> tuple[float, int, Any]:
     """(images/s, images, last batch) of one whole epoch of `loader`."""
     n, last, t0 = 0, None, time.perf_counter()
     for batch in loader:
@@ -61,7 +63,8 @@ def run_demo(root: str, images: int, batch_size: int, workers: int, epochs: int,
     click.echo(f"      {len(ds)} images, {len(ds.classes)} classes, "
                f"{ds.manifest.total_bytes / len(ds) / 1024:.0f} KiB mean, fingerprint {ds.fingerprint[:12]}")
     pil = "pillow-simd" if ".post" in PIL.__version__ else "Pillow"
-    common = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
+    common: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers,
+                                  persistent_workers=workers > 0)
     theirs_label = "torch+" + pil
     click.echo(f"[2/3] coordl.DataLoader and torch.utils.data.DataLoader + {pil} (torchvision-style "
                f"Dataset), {workers} workers each, batch {batch_size}, train transform to 224x224")

@@ -91,7 +91,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_statnames",
-    "stat the files of one folder in C, without the GIL (coordl/manifest_scan.py).", -1, methods,
+    "stat the files of one folder in C, without the GIL (coordl/manifest/walk.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__statnames(void)

@@ -128,6 +128,8 @@ def _stat_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...]:
 
 def _c_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...]:
     """coordl/manifest/_statnames.c: one call per folder, no GIL, no Python object per file."""
+    if _statnames is None:
+        raise RuntimeError("coordl.manifest._statnames is not built (file_columns checks that first)")
     cols = np.empty((4, len(names)), dtype=np.int64)
     _statnames.stat_names(fd, ("\0".join(names) + "\0").encode("utf-8", "surrogateescape"), len(names), cols)
     return cols[0], cols[1], cols[2], cols[3]
