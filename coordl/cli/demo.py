@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import statistics
 import time
-
 from typing import Any
 
 import click
