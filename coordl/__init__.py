@@ -21,13 +21,13 @@ from .errors import CacheError, ConfigError, CoordinatorError, CoordlError, Data
 _LAZY = {
     "DataLoader": ".loader.dataloader", "collate": ".batch", "loader_stats": ".loader.dataloader",
     "ImageFolder": ".datasets.imagefolder", "PreparedBatch": ".batch",
-    "CoordlDataset": ".datasets.imagefolder",
+    "CoordlDataset": ".datasets.imagefolder", "AudioFolder": ".datasets.audio",
     "MinIOCache": ".loader.caching", "PartitionedCache": ".loader.partitioned",
     "profile": ".profiler",
 }
 
 __all__ = [
-    "DataLoader", "ImageFolder", "CoordlDataset", "MinIOCache", "PartitionedCache", "PreparedBatch",
+    "DataLoader", "ImageFolder", "AudioFolder", "CoordlDataset", "MinIOCache", "PartitionedCache", "PreparedBatch",
     "collate", "loader_stats", "profile", "__version__",
     "CoordlError", "ConfigError", "DatasetError", "SampleError", "CacheError", "CoordinatorError",
 ]
@@ -53,6 +53,7 @@ if "torch" in sys.modules:
     from coordl.loader.dataloader import DataLoader  # noqa: E402,F401
 
 if TYPE_CHECKING:
+    from coordl.datasets.audio import AudioFolder
     from coordl.datasets.imagefolder import CoordlDataset, ImageFolder, PreparedBatch
     from coordl.loader.caching import MinIOCache
     from coordl.loader.dataloader import DataLoader, collate, loader_stats

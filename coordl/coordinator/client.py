@@ -331,6 +331,9 @@ def _copy_out(images: torch.Tensor) -> torch.Tensor:
 
 
 def _check_dataset(dataset, batch_size) -> None:
+    limitation = getattr(dataset, "coordinator_limitation", None)  # e.g. coordl.AudioFolder
+    if limitation:
+        raise ConfigError(f"coordinator=... cannot serve {type(dataset).__name__}: {limitation}")
     missing = [a for a in ("fingerprint", "root", "transform", "size", "seed", "on_error")
                if not hasattr(dataset, a)]
     if missing:

@@ -1,0 +1,225 @@
+"""`coordl.AudioFolder`: class folders of WAV/FLAC files, one fixed-length window per item.
+
+    fetch(i) -> bytes                          storage (or the MinIO / partitioned cache) only
+    prep(raw, i, epoch) -> (waveform, label)   decode + window (+ resample): pipelines/audio.py
+
+A waveform is float32 (channels, samples) with samples = round(sample_rate *
+seconds); `coordl.DataLoader` hands out batches (B, channels, samples) and
+int64 labels. `__getitems__` stacks a batch into one tensor, in shared memory
+inside a worker, so it reaches the training process by file descriptor.
+
+The window of item i in epoch e is a pure function of (seed, e, i) (pipelines/
+crop.py `item_rng`): batches are identical whatever `num_workers` is, and
+resume and rank shares are exact, as for `coordl.ImageFolder`. Caches hold the
+encoded file bytes, never waveforms.
+
+The coordinator daemon (`coordl serve`) prepares image batches only; a loader
+with ``coordinator=`` over an AudioFolder is refused with a ConfigError
+(`coordinator_limitation`, read by coordl/coordinator/client.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from coordl.batch import PreparedBatch
+from coordl.buffers import new_shared
+from coordl.cache import storage
+from coordl.datasets.imagefolder import _NO_COUNTERS, _ON_ERROR, CoordlDataset, _epoch_of
+from coordl.errors import ConfigError, SampleError
+from coordl.manifest.build import scan
+from coordl.pipelines import audio
+from coordl.pipelines.crop import item_rng
+
+AUDIO_EXTENSIONS: tuple[str, ...] = (".wav", ".flac")
+
+
+def _check(sample_rate: Any, seconds: Any, transform: Any, channels: Any, on_error: Any) -> None:
+    if not (type(sample_rate) is int and sample_rate > 0):
+        raise ConfigError(f"sample_rate={sample_rate!r} must be a positive int in Hz, e.g. sample_rate=16000")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ConfigError(f"seconds={seconds!r} must be a positive number: the window's length, e.g. seconds=1.0")
+    if transform not in audio.TRANSFORMS:
+        raise ConfigError(f"transform={transform!r} is not known: use 'train' (random window) or 'val' (centred)")
+    if channels is not None and not (type(channels) is int and channels > 0):
+        raise ConfigError(f"channels={channels!r} must be None (each file's own), 1 (mix down) or a "
+                          "positive int (a mono file is repeated)")
+    if on_error not in _ON_ERROR:
+        raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+
+
+class AudioFolder(CoordlDataset):
+    """A map-style dataset over ``root/<class>/<file>.wav|.flac``.
+
+    Args:
+        root: folder with one sub-folder per class.
+        sample_rate: the output rate in Hz; files at another rate are resampled with
+            soxr (a ConfigError naming both rates when soxr is not installed).
+        seconds: the window's length; items are float32 (channels, round(sample_rate * seconds)).
+        transform: ``"train"`` (a random window per (seed, epoch, item)) or ``"val"``
+            (the centred window). A shorter clip starts at 0 and is zero-padded.
+        seed: the windows' seed.
+        on_error: ``"raise"`` (a bad file raises `SampleError` naming it) or ``"skip"``
+            (dropped from its batch and counted).
+        channels: None keeps each file's channels (a batch must then agree), 1 averages
+            them, n > 1 repeats a mono file.
+        extensions, target_transform, rescan, manifest_cache: as for `coordl.ImageFolder`.
+    """
+
+    #: why the coordinator daemon cannot serve this dataset (coordl/coordinator/client.py)
+    coordinator_limitation = ("the coordinator daemon (coordl serve) prepares image batches only: "
+                              "drop coordinator= and load audio with a local coordl.DataLoader "
+                              "(cache=, rank/world_size and resume work there)")
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        sample_rate: int = 16000,
+        seconds: float = 1.0,
+        transform: str = "train",
+        seed: int = 0,
+        on_error: str = "raise",
+        channels: int | None = None,
+        extensions: Sequence[str] = AUDIO_EXTENSIONS,
+        target_transform: Callable | None = None,
+        rescan: bool = False,
+        manifest_cache: str | None = None,
+    ) -> None:
+        _check(sample_rate, seconds, transform, channels, on_error)
+        audio.soundfile()  # refuse now, not in a worker, when soundfile is missing
+        self.manifest = scan(root, extensions, None, allow_empty=on_error == "skip",
+                             rescan=rescan, manifest_cache=manifest_cache)
+        self.root = self.manifest.root
+        self.sample_rate, self.seconds, self.channels = sample_rate, float(seconds), channels
+        self.length = audio.window_length(sample_rate, seconds)
+        self.transform, self.seed, self.on_error = transform, int(seed), on_error
+        self.target_transform = target_transform
+        self.classes = list(self.manifest.classes)
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        self.epoch = 0
+        # What a loader's bound copy (`bind`) replaces; the user's object keeps these defaults.
+        self.counters: Any = _NO_COUNTERS
+        self.cache: Any = None
+        self.batch_slots = 0
+        self._buffers: Any = None
+        self.drop_page_cache = False
+        self.coordinator: Any = None
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest.fingerprint
+
+    @property
+    def targets(self) -> list[int]:
+        return self.manifest.labels.tolist()
+
+    def __len__(self) -> int:
+        return len(self.manifest)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    # -- the two halves --
+    def fetch(self, i: int) -> bytes | memoryview:
+        """The encoded bytes of item i, from the cache when it holds them, else storage."""
+        cache = self.cache
+        if cache is not None:
+            if hasattr(cache, "get_many"):  # partitioned: the cache counts its own hits
+                hit = cache.get_many([i], self.counters).get(i)
+            else:
+                hit = cache.get(i)
+                self.counters.add(**({"cache_hits": 1} if hit is not None else {"cache_misses": 1}))
+            if hit is not None:
+                return hit
+        return self.read(i)
+
+    def read(self, i: int) -> bytes:
+        """Item i from storage, counted and offered to the cache."""
+        path = self.manifest.path(i)
+        try:
+            raw = storage.read_file(path, drop_page_cache=self.drop_page_cache)
+        except OSError as e:
+            raise SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that it "
+                              "exists and is readable, or pass on_error='skip'") from None
+        self.counters.add(storage_reads=1, storage_bytes=len(raw))
+        if self.cache is not None and self.cache.put(i, raw):
+            self.counters.add(cache_inserts=1)
+        return raw
+
+    def prep(self, raw, i: int, epoch: int | None = None, out: np.ndarray | None = None):
+        """Decode item i's bytes and cut its window: (float32 tensor (channels, samples), label)."""
+        epoch = self.epoch if epoch is None else epoch
+        return torch.from_numpy(self.prep_window(raw, i, epoch, out)), self._target(i)
+
+    def prep_window(self, raw, i: int, epoch: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Item i's window as float32 (channels, samples); a bad file is a SampleError naming it."""
+        self.counters.add(decodes=1)
+        rng = item_rng(self.seed, epoch, i) if self.transform == "train" else None
+        try:
+            return audio.window(raw, self.sample_rate, self.length, self.transform, rng, self.channels, out)
+        except SampleError as e:
+            raise SampleError(f"{self.manifest.path(i)}: {e}: replace or remove the file, "
+                              "or pass on_error='skip'") from None
+
+    def _target(self, i: int):
+        label = int(self.manifest.labels[i])
+        return label if self.target_transform is None else self.target_transform(label)
+
+    def __getitem__(self, i: int):
+        sample = self.prep(self.fetch(i), i, self.epoch)
+        self.counters.add(samples=1)
+        return sample
+
+    def __getitems__(self, indices: Sequence[int]) -> PreparedBatch:
+        """One batch: waveforms (B, channels, samples) float32 and labels, bad items skipped or raised."""
+        epoch = _epoch_of(indices, self.epoch)
+        cache = self.cache
+        hits = cache.get_many([int(i) for i in indices], self.counters) if hasattr(cache, "get_many") else None
+        rows: list[np.ndarray] = []
+        kept: list[int] = []
+        for i in indices:
+            i = int(i)
+            try:
+                raw = None if hits is None else hits.get(i)
+                if raw is None:
+                    raw = self.fetch(i) if hits is None else self.read(i)
+                rows.append(self.prep_window(raw, i, epoch))
+            except SampleError:
+                if self.on_error == "raise":
+                    raise
+                self.counters.add(errors_skipped=1)
+                continue
+            kept.append(i)
+        self.counters.add(samples=len(kept))
+        waves = self._stack(rows, kept)
+        targets = torch.from_numpy(self.manifest.labels[kept].astype(np.int64)) if self.target_transform is None \
+            else torch.utils.data.default_collate([self._target(i) for i in kept])
+        return PreparedBatch(waves, targets, kept)
+
+    def _stack(self, rows: list[np.ndarray], kept: list[int]) -> torch.Tensor:
+        """(B, channels, samples) float32; in shared memory in a worker process."""
+        counts = {r.shape[0] for r in rows}
+        if len(counts) > 1:
+            first = {r.shape[0]: i for r, i in zip(rows, kept)}
+            names = ", ".join(f"{self.manifest.path(i)} ({c} channels)" for c, i in sorted(first.items()))
+            raise ConfigError(f"one batch mixes channel counts: {names}: pass AudioFolder(channels=1) to "
+                              "mix every file down to mono, or channels=2 to repeat mono files")
+        shape = (len(rows), counts.pop() if counts else (self.channels or 1), self.length)
+        if torch.utils.data.get_worker_info() is None:
+            waves = torch.empty(shape, dtype=torch.float32)
+        else:
+            storage_ = new_shared(int(np.prod(shape)) * 4)
+            waves = torch.empty(0, dtype=torch.float32).set_(storage_, 0, shape)
+            self.counters.add(batch_buffers=1)
+        if rows:
+            np.stack(rows, out=waves.numpy())
+        return waves
+
+    def __repr__(self) -> str:
+        return (f"AudioFolder(root={self.root!r}, items={len(self)}, classes={len(self.classes)}, "
+                f"sample_rate={self.sample_rate}, seconds={self.seconds}, transform={self.transform!r})")
