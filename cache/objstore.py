@@ -80,6 +80,7 @@ class _Runtime:
         self.thread.start()
         self.fs = make_fs(self.loop)
         self.pool = None if self.fs.async_impl else ThreadPoolExecutor(max_in_flight, "coordl-objstore")
+        self.sem: asyncio.Semaphore | None = None  # the process-wide in-flight bound of submit_many
 
     def run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -298,6 +299,22 @@ class ObjectStore:
             return []
         rt = self._rt()
         return rt.run(self._read_all(rt, keys, return_errors))
+
+    def submit_many(self, keys: Sequence[str]) -> list:
+        """Start reading each object `keys[i]` now and return at once: one `concurrent.futures.Future`
+        per key, whose result is the bytes or raises the SampleError naming the object's URL. All the
+        reads of this process (every call) share one bound of `max_in_flight` requests in flight, so a
+        caller may decode what has arrived while the rest are still in flight."""
+        rt = self._rt()
+        if rt.sem is None:
+            rt.sem = asyncio.Semaphore(self._config.max_in_flight)
+        return [asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, rt.sem, k), rt.loop) for k in keys]
+
+    async def _read_or_raise(self, rt: _Runtime, sem: asyncio.Semaphore, key: str) -> bytes:
+        data = await self._read_one(rt, sem, key)
+        if isinstance(data, SampleError):
+            raise data
+        return data
 
     def read(self, key: str) -> bytes:
         """The bytes of one object (one GET, with retries)."""

@@ -33,6 +33,7 @@ from coordl.cache import storage
 from coordl.cache.forkguard import ForkGuard
 from coordl.errors import ConfigError, CoordinatorError, SampleError
 from coordl.loader.stats import Counters
+from coordl.datasets import sources
 from coordl.manifest.build import IMG_EXTENSIONS, scan
 from coordl.pipelines import cpu, crop
 
@@ -59,6 +60,8 @@ def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futur
     global _READERS
     if not items:
         return {}
+    if ds.objects is not None:  # objects: one concurrent request per miss (datasets/sources.py)
+        return ds.objects.read_ahead(items)
     if _READERS is None or _READERS[0].forked():
         _READERS = (ForkGuard(), concurrent.futures.ThreadPoolExecutor(_READ_THREADS, "coordl-read"))
     pool, drop = _READERS[1], ds.drop_page_cache
@@ -146,6 +149,10 @@ class ImageFolder(CoordlDataset):
             (after editing files in place; see coordl/manifest/store.py).
         manifest_cache: folder of persisted manifests (default
             ``$XDG_CACHE_HOME/coordl/manifests``); ``"off"`` scans at every start.
+        storage_options: for a `root` that is an fsspec URL (``s3://bucket/prefix``, ``gs://``...):
+            passed to its filesystem (``endpoint_url``, ``key``, ``secret``, ``anon``...; the AWS_*
+            variables work too). `samples` then give URLs (coordl/datasets/sources.py).
+        max_in_flight: requests in flight at once per process when reading from a URL.
     """
 
     def __init__(
@@ -160,14 +167,19 @@ class ImageFolder(CoordlDataset):
         is_valid_file: Callable[[str], bool] | None = None,
         rescan: bool = False,
         manifest_cache: str | None = None,
+        storage_options: dict | None = None,
+        max_in_flight: int = 32,
     ) -> None:
         if isinstance(transform, str) and transform not in _TRANSFORMS:
             raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
         size = _check_size(size)
         if on_error not in _ON_ERROR:
             raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
-        self.manifest = scan(root, extensions, is_valid_file, allow_empty=on_error == "skip",
-                             rescan=rescan, manifest_cache=manifest_cache)
+        self.manifest, self.objects = sources.open_source(
+            root, extensions, is_valid_file, on_error == "skip", rescan, manifest_cache, storage_options,
+            max_in_flight) if sources.is_url(root) else (scan(
+                root, extensions, is_valid_file, allow_empty=on_error == "skip", rescan=rescan,
+                manifest_cache=manifest_cache), None)
         self.root = self.manifest.root
         self.transform, self.size, self.on_error, self.seed = transform, size, on_error, int(seed)
         self.target_transform = target_transform
@@ -226,6 +238,8 @@ class ImageFolder(CoordlDataset):
         cache = self.cache
         path = self.manifest.path(i)
         try:
+            if pending is None and self.objects is not None:
+                pending = self.objects.read_ahead([i])[i]
             raw = storage.read_file(path, drop_page_cache=self.drop_page_cache) if pending is None \
                 else pending.result()
         except OSError as e:
@@ -336,7 +350,8 @@ class ImageFolder(CoordlDataset):
         `__getitems__` and by the coordinator's prep workers.
         """
         cache = self.cache
-        hits = cache.get_many(indices, self.counters) if hasattr(cache, "get_many") else None
+        hits = cache.get_many(indices, self.counters) if hasattr(cache, "get_many") else \
+            sources.cache_hits(cache, indices, self.counters) if self.objects is not None else None
         # a partitioned cache's misses are read from storage by threads while the hits decode
         pending = {} if hits is None else _read_ahead(self, [int(i) for i in indices if int(i) not in hits])
         row = 0
