@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 
-import report
+from lib import report
 
 MODES = ("coord", "torch", "coordl")
 # delivery: seconds each step pauses, long enough for the ring (coord) or torch's prefetch queue to fill

@@ -13,7 +13,7 @@ Loaders (each in its own process, started once, warm-up epoch first):
   coordl-dali   coordl.DataLoader(..., backend="dali"): DALI CPU (image_slice -> resize ->
                 crop_mirror_normalize) fed bytes by coordl's reader, num_threads=W
   coordl-accelerate  the coordl loader after accelerate's Accelerator(cpu=True).prepare()
-  coordl-before  the coordl loader of an earlier commit (bench/before.py builds it into
+  coordl-before  the coordl loader of an earlier commit (bench/lib/before.py builds it into
                 .venv/coordl-before; its commit is in .venv/coordl-before/COMMIT)
   floor         full decode (Image.open(path).load()) of every file on ONE core;
                 the decode floor is that rate x the number of cores
@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 
-import report
+from lib import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -69,7 +69,7 @@ class Child:
 
     def __init__(self, name: str, argv: list[str]) -> None:
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "loader_child.py"), *argv],
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "lib", "loader_child.py"), *argv],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.ready = self._read()
 
@@ -211,7 +211,7 @@ def markdown(r: dict) -> str:
         "after one warm-up epoch each.  ",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".  ",
         f"Command: `{r['command']}`",
-        *([f"coordl-before: coordl at commit {r['before_commit']} (bench/before.py)."]
+        *([f"coordl-before: coordl at commit {r['before_commit']} (bench/lib/before.py)."]
           if r.get("before_commit") else []),
         "",
         "images/s of a loader = images / (epoch seconds + CPU seconds it used between its epochs "
@@ -247,7 +247,7 @@ def main() -> None:
                    help=f"comma-separated, from: {', '.join(LOADERS)}")
     p.add_argument("--settle", type=float, default=1.0, help="seconds idle between epochs")
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
-    p.add_argument("--before-dir", default=BEFORE, help="where bench/before.py installed the earlier coordl")
+    p.add_argument("--before-dir", default=BEFORE, help="where bench/lib/before.py installed the earlier coordl")
     a = p.parse_args()
     result = run(a)
     report.write(a.out, result, markdown(result))

@@ -43,9 +43,7 @@ import subprocess
 import sys
 import time
 
-import cgroup
-import pagecache
-import report
+from lib import cgroup, pagecache, report
 
 SIDES = ("pagecache", "minio")
 MiB = 2**20

@@ -3,7 +3,7 @@
     .venv/bin/python bench/objstore.py --images 400 --latency 0.020 [--bandwidth BYTES_PER_S]
 
 Starts a moto S3 server (tests/s3server.py) on a free loopback port, uploads a synthetic JPEG
-ImageFolder (coordl.cli.make_dataset), and puts bench/objstore_proxy.FaultProxy in front of it, which
+ImageFolder (coordl.cli.make_dataset), and puts bench/lib/objstore_proxy.FaultProxy in front of it, which
 waits `--latency` per request (a remote store's round trip). Then, on the same objects:
 - `coordl read_many`: cache/objstore.ObjectStore.read_many over all keys in batches of `--batch`,
   at most `--in-flight` GETs at once;
@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from objstore_proxy import FaultProxy  # noqa: E402
+from lib.objstore_proxy import FaultProxy  # noqa: E402
 from s3server import MotoServer, upload_folder  # noqa: E402
 
 from coordl.cache.objstore import ObjectStore  # noqa: E402

@@ -45,9 +45,7 @@ import statistics
 import tempfile
 import time
 
-import cgroup
-import pagecache
-import report
+from lib import cgroup, pagecache, report
 
 SIDES = ("partitioned", "minio", "none")
 WORLD = 3

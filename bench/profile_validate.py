@@ -3,10 +3,10 @@
 
 With ``--throttle-mbps M`` the profile process (and its loader workers, which inherit it) runs
 in a blkio cgroup (v1) whose ``blkio.throttle.read_bps_device`` caps reads from the disk that
-holds the dataset at M MiB/s (bench/cgroup.py, as bench/minio_vs_pagecache.py does): a
+holds the dataset at M MiB/s (bench/lib/cgroup.py, as bench/minio_vs_pagecache.py does): a
 fetch-bound case. Without it, a prep-bound case on this CPU-only machine. Writes OUT.json and
 OUT.png from the profiler and OUT.md (command, the profiler's table, the validation lines);
-both text files name paths as bench/report.py's `portable` does (no machine path is committed).
+both text files name paths as bench/lib/report.py's `portable` does (no machine path is committed).
 
     flock /tmp/coordl-bench.lock .venv/bin/python bench/profile_validate.py \\
         --data /work/bench-data/prof --throttle-mbps 20 --out bench/results/profile-throttled
@@ -21,8 +21,7 @@ import shlex
 import subprocess
 import sys
 
-import cgroup
-import report
+from lib import cgroup, report
 
 MiB = 2**20
 

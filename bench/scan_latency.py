@@ -39,8 +39,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import report  # noqa: E402
 import scale  # noqa: E402
+from lib import report  # noqa: E402
 
 # -- the filesystem: a passthrough that waits before answering ---------------------------
 

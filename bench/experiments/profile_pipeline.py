@@ -19,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, for report.py
-import report  # noqa: E402
+from lib import report  # noqa: E402
 
 # (stage, predicate on (file, function name)), first match wins
 STAGES = [

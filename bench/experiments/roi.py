@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, for report.py
-import report  # noqa: E402
+from lib import report  # noqa: E402
 
 
 def sample_files(root: str, files: int) -> list[bytes]:

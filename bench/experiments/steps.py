@@ -34,7 +34,7 @@ from coordl.pipelines import cpu as cpu_pipeline
 from coordl.pipelines import crop, roi
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, for report.py
-import report  # noqa: E402
+from lib import report  # noqa: E402
 
 BATCH = 64
 ns = time.perf_counter_ns

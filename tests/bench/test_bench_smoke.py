@@ -2,7 +2,7 @@
 
 Each benchmark runs as a user runs it (`.venv/bin/python bench/X.py ...`, its
 own processes, a real `coordl serve` for the coordinator) with the flags of a
-tiny run, and writes OUT.json + OUT.md through bench/report.py; the checks
+tiny run, and writes OUT.json + OUT.md through bench/lib/report.py; the checks
 count exact things (images per epoch, samples, bytes read) so that a
 benchmark that silently measures nothing fails here. The committed results
 must not name a machine path, a host or a tracker, and the files the READMEs
@@ -28,7 +28,8 @@ IMAGES, BATCH = 32, 8
 
 
 def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
+    """A helper of bench/lib/ (not a benchmark) as a module."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, "lib", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -78,9 +79,9 @@ def test_loaders(root, tmp_path):
 
 
 def test_loaders_before_and_after(root, tmp_path):
-    # bench/before.py installs an earlier commit (here HEAD) beside the repository's coordl
+    # bench/lib/before.py installs an earlier commit (here HEAD) beside the repository's coordl
     target = str(tmp_path / "before")
-    _run("before.py", "HEAD", "--target", target)
+    _run("lib/before.py", "HEAD", "--target", target)
     head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     r = _run("loaders.py", root, "--repeats", "1", "--settle", "0", "--batch-size", str(BATCH),
              "--loaders", "coordl,coordl-before", "--before-dir", target, out=str(tmp_path / "ba"))
@@ -186,10 +187,13 @@ def test_committed_results_name_no_machine_and_no_tracker():
         assert not TRACKER.search(text), f"{name} refers to a tracker: {TRACKER.search(text).group(0)!r}"
 
 
+READMES = ("README.md", "bench/README.md", "bench/results/README.md", "bench/experiments/README.md")
+
+
 def test_cited_bench_files_exist():
     """The READMEs cite results and scripts by path: each must exist (bench/levers.py is cited as removed)."""
     cited = set()
-    for readme in ("README.md", "bench/results/README.md", "bench/experiments/README.md"):
+    for readme in READMES:
         with open(os.path.join(REPO, readme)) as f:
             text = f.read()
         cited |= set(re.findall(r"(?<![\w/])bench/[\w/.-]+\.(?:py|md|json)", text))
@@ -198,3 +202,50 @@ def test_cited_bench_files_exist():
     cited.discard("bench/levers.py")
     missing = sorted(p for p in cited if not os.path.exists(os.path.join(REPO, p)))
     assert not missing, f"cited but missing: {missing}"
+
+
+def _expand_braces(text: str) -> str:
+    """`a-{b,c}-d` -> `a-b-d a-c-d`, as a shell expands it (the READMEs cite pairs of runs so)."""
+    while m := re.search(r"([\w/.-]*)\{([\w,-]+)\}([\w/.*-]*)", text):
+        text = text[:m.start()] + " ".join(m[1] + alt + m[3] for alt in m[2].split(",")) + text[m.end():]
+    return text
+
+
+def test_bench_results_hold_only_cited_runs():
+    """bench/results/ holds the runs the READMEs cite and nothing else: each file's run (its name
+    without .md/.json/.png) is named in a README, by a glob there, or by a results page a README
+    cites (roi.md names the runs it sums up)."""
+    import fnmatch
+
+    folder = os.path.join(BENCH, "results")
+    texts = []
+    for readme in READMES:
+        with open(os.path.join(REPO, readme)) as f:
+            texts.append(_expand_braces(f.read()))
+    text = "\n".join(texts)
+    globs = set(re.findall(r"bench/results/([\w-]*\*[\w*-]*)", text))
+
+    def named(stem: str, where: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(stem)}(?![\w-])", where) is not None
+
+    runs = sorted({os.path.splitext(n)[0] for n in os.listdir(folder) if n != "README.md"})
+    cited = {r for r in runs if named(r, text) or any(fnmatch.fnmatch(r, g) for g in globs)}
+    for page in sorted(cited):  # a cited page cites the runs it sums up
+        md = os.path.join(folder, page + ".md")
+        if os.path.exists(md):
+            with open(md) as f:
+                page_text = f.read()
+            cited |= {r for r in runs if r != page and named(r, page_text)}
+    assert sorted(set(runs) - cited) == [], "bench/results/ holds runs no README cites (git rm them)"
+
+
+def test_bench_readme_lists_every_benchmark_and_helper():
+    """bench/README.md has one table row per script of bench/ and describes each helper of bench/lib/."""
+    with open(os.path.join(BENCH, "README.md")) as f:
+        text = f.read()
+    rows = re.findall(r"^\| `([\w.]+\.py)` \|", text, flags=re.M)
+    scripts = sorted(n for n in os.listdir(BENCH) if n.endswith(".py"))
+    assert sorted(rows) == scripts, "one table row per benchmark or acceptance check"
+    for n in sorted(os.listdir(os.path.join(BENCH, "lib"))):
+        if n.endswith(".py") and n != "__init__.py":
+            assert f"`{n}`" in text, f"bench/lib/{n} is not described in bench/README.md"

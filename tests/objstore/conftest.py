@@ -1,5 +1,5 @@
 """Fixtures for the object-store tests: a real moto S3 server per module (tests/s3server.py), a
-small real-JPEG ImageFolder uploaded to it, and a fault-injecting proxy (bench/objstore_proxy.py)
+small real-JPEG ImageFolder uploaded to it, and a fault-injecting proxy (bench/lib/objstore_proxy.py)
 per test. The server subprocess starts before the first test of a module and is stopped after
 its last, so the autouse `no_leaks` of each test sees it neither appear nor linger.
 """

@@ -20,7 +20,7 @@ def _load(name: str, path: str):
 
 
 s3server = _load("coordl_tests_s3server", os.path.join(TESTS, "s3server.py"))
-objstore_proxy = _load("coordl_bench_objstore_proxy", os.path.join(BENCH, "objstore_proxy.py"))
+objstore_proxy = _load("coordl_bench_objstore_proxy", os.path.join(BENCH, "lib", "objstore_proxy.py"))
 
 BUCKET, PREFIX = "data", "train"
 

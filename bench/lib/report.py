@@ -23,7 +23,7 @@ import shlex
 import socket
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = "$BENCH_DATA"
 # absolute paths a result file must not carry (its author's checkout, data and temp folders)
 MACHINE_PATH = re.compile(r"(?<![\w.$])/(?:work|tmp|root|home|mnt|scratch|data)/")

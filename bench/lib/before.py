@@ -1,6 +1,6 @@
 """Build coordl as it was at an earlier commit, for the `coordl-before` row of bench/loaders.py.
 
-    .venv/bin/python bench/before.py 9fd5a12
+    .venv/bin/python bench/lib/before.py 9fd5a12
     flock /tmp/coordl-bench.lock .venv/bin/python bench/loaders.py $BENCH_DATA/photo \\
         --loaders coordl,coordl-before --repeats 5 --out bench/results/loaders-before-after
 
@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 BEFORE = os.path.join(REPO, ".venv", "coordl-before")
 
 

@@ -38,7 +38,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--expect-pil", choices=["plain", "simd"], default=None)
     p.add_argument("--coordl-path", default=None,
                    help="directory put first on sys.path before coordl is imported (an earlier coordl, "
-                        "bench/before.py)")
+                        "bench/lib/before.py)")
     p.add_argument("--dali-variant", default="fused", choices=["fused", "tuned"])
     p.add_argument("--floor-cpu", type=int, default=None, help="pin the floor to this one CPU")
     return p.parse_args()
