@@ -22,9 +22,12 @@ _URL_AUTH = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")
 _NOT_IN_USERINFO = set("@/?#")
 
 
-def node_url(host: str, port: int, password: str | None, db: int = 0, scheme: str = "redis") -> str:
-    """The URL of a node, its password percent-encoded (any character works)."""
+def node_url(host: str, port: int, password: str | None, db: int = 0, scheme: str = "redis",
+             user: str | None = None) -> str:
+    """The URL of a node, its user and password percent-encoded (any character works)."""
     auth = f":{urllib.parse.quote(password, safe='')}@" if password else ""
+    if user:
+        auth = f"{urllib.parse.quote(user, safe='')}{auth or '@'}"
     host = f"[{host}]" if ":" in host else host
     return f"{scheme}://{auth}{host}:{port}/{db}"
 
@@ -91,6 +94,34 @@ def _auth_failed(exc: Exception) -> bool:
         s in text for s in ("NOAUTH", "WRONGPASS", "invalid username-password", "HELLO must be called"))
 
 
+def tls_problem(url: str, exc: Exception) -> str | None:
+    """The TLS side of a failure to talk to `url`, named with the fix, or None when TLS is not the
+    cause: a rediss:// URL at a plain server or the reverse (probed), a server certificate the CA
+    does not verify, a server that requires a client certificate. No secret of `url` in it."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return None
+    host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+    text = str(exc).lower()
+    if parts.scheme == "rediss" and _speaks_plain_redis(host, port):
+        return ("TLS mismatch: the URL asks for TLS (rediss://) but the server at "
+                f"{host}:{port} speaks plain Redis: use redis:// (or enable TLS on the server: "
+                "`coordl cache-node start --tls-cert F --tls-key F`)")
+    if parts.scheme == "redis" and _speaks_tls(host, port):
+        return (f"TLS mismatch: the server at {host}:{port} expects TLS and the URL is plain redis://: "
+                "use rediss:// (with ssl_ca_certs= the CA that signed its certificate)")
+    if "certificate verify failed" in text or "unknown ca" in text:
+        if "hostname" in text or "ip address mismatch" in text:
+            return (f"TLS: the server's certificate does not name {host}: connect by a name or address the "
+                    f"certificate lists (subjectAltName), or reissue it for {host}")
+        return ("TLS: the server's certificate is not signed by a CA this client trusts (or the server does "
+                "not trust the client's): pass ssl_ca_certs= (--tls-ca) the CA file that signed it")
+    if "certificate required" in text or "handshake failure" in text or "bad certificate" in text:
+        return ("TLS: the server requires a client certificate (tls-auth-clients) signed by its CA: pass "
+                "ssl_certfile= and ssl_keyfile= (--tls-cert/--tls-key of `coordl cache-node status`)")
+    return None
+
+
 def explain(url: str, exc: Exception) -> str:
     """What went wrong talking to the node at `url`, named (auth, TLS, unreachable), with the fix;
     no secret of `url` in it."""
@@ -103,11 +134,8 @@ def explain(url: str, exc: Exception) -> str:
                     "percent-encoded (urllib.parse.quote(password, safe=''))")
         return ("authentication failed: wrong password for this node: use the one in the node's "
                 "--password-file, percent-encoded in the URL")
-    if parts.scheme == "rediss" and _speaks_plain_redis(host, port):
-        return ("TLS mismatch: the URL asks for TLS (rediss://) but the server at "
-                f"{host}:{port} speaks plain Redis: use redis:// (or enable TLS on the server)")
-    if parts.scheme == "redis" and _speaks_tls(host, port):
-        return (f"TLS mismatch: the server at {host}:{port} expects TLS and the URL is plain redis://: "
-                "use rediss://")
+    tls = tls_problem(url, exc)
+    if tls:
+        return tls
     return (f"unreachable: {scrub(str(exc), url)}: is a node running at {host}:{port} "
             "(`coordl cache-node start`)? check the host, the port and any firewall between")

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -72,10 +73,13 @@ import xxhash
 
 from coordl.errors import CacheError, ConfigError
 
-from . import nodehealth, placement, redisnode
+from . import membership as membership_mod
+from . import nodehealth, nodetls, nodeurl, placement, redisnode
 from .checksum import digest
 from .forkguard import ForkGuard
 from .sizes import parse_size
+
+log = logging.getLogger("coordl.cache")
 
 HEADER = struct.Struct("<4sQQQ")   # magic, item, payload length, xxh3-64 of the payload ^ binding
 MAGIC = b"CDL2"
@@ -156,8 +160,16 @@ class PartitionedCache:
     """
 
     def __init__(self, nodes: Sequence[str], node_rank: int, *, capacity_per_node: int | str | None = None,
-                 timeout: float = 0.25, retry_after: float = 5.0, _check: bool = True) -> None:
+                 timeout: float = 0.25, retry_after: float = 5.0, membership: str = "check",
+                 ssl_ca_certs: str | None = None, ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
+                 _check: bool = True) -> None:
         self.nodes, self.node_rank = _check_nodes(nodes), node_rank
+        self._tls = nodetls.options(self.nodes, ssl_ca_certs, ssl_certfile, ssl_keyfile)
+        if membership not in membership_mod.MODES:
+            raise ConfigError(f"membership={membership!r} must be 'check' (refuse nodes that belong to another "
+                              "node list) or 'update' (rewrite their list: after adding, removing or replacing "
+                              "a node, between epochs)")
+        self.membership = membership
         if not (isinstance(node_rank, int) and 0 <= node_rank < len(self.nodes)):
             raise ConfigError(f"node_rank={node_rank!r} must be an int in [0, {len(self.nodes)}): the index "
                               "of this server's own node in nodes=")
@@ -178,6 +190,7 @@ class PartitionedCache:
         if _check:
             for j in range(len(self.nodes)):
                 self._check_node(j)
+            self._check_membership()
 
     # -- connections (rebuilt in each process) --
     def _connect(self) -> None:
@@ -187,6 +200,7 @@ class PartitionedCache:
 
         self._clients = [redis.Redis.from_url(url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
                                               retry=Retry(NoBackoff(), 0), health_check_interval=0,
+                                              **(self._tls if url.startswith("rediss:") else {}),
                                               redis_connect_func=functools.partial(
                                                   nodehealth.checked_connect, url, self.capacity_per_node))
                          for url in self.nodes]
@@ -224,16 +238,35 @@ class PartitionedCache:
                                   "redis://:PASSWORD@host:port/0") from None
             raise ConfigError(f"cache node {shown} refused INFO ({e}): coordl needs INFO to check the "
                               "server's eviction policy; allow it for this user") from None
-        except redis.TimeoutError:
-            raise ConfigError(f"cache node {shown} did not answer within timeout={self.timeout}s: check the "
-                              "host and port, that a firewall lets the port through, or raise timeout=") from None
-        except redis.ConnectionError as e:
-            raise ConfigError(f"cache node {shown}: {_why(e)}") from None
+        except (redis.TimeoutError, redis.ConnectionError) as e:
+            tls = nodeurl.tls_problem(url, e)
+            if tls:
+                raise ConfigError(f"cache node {shown}: {tls}") from None
+            if isinstance(e, redis.TimeoutError):
+                raise ConfigError(f"cache node {shown} did not answer within timeout={self.timeout}s: check the "
+                                  "host and port, that a firewall lets the port through, or raise timeout=") from None
+            raise ConfigError(f"cache node {shown}: {nodeurl.scrub(_why(e), url)}") from None
         except redis.RedisError as e:  # a reply that is not RESP: not a Redis server
             raise ConfigError(f"cache node {shown} does not answer as a Redis server ({e}): check the URL's "
                               "host and port (a cache node is started with `coordl cache-node start`)") from None
         redisnode.check_server(url, info, self.capacity_per_node)
         self._maxmemory[j] = int(info.get("maxmemory", 0))
+
+    def _check_membership(self) -> None:
+        """Every node must belong to this node list (cache/membership.py): written when it has no
+        record yet, rewritten with membership='update', else ConfigError naming the difference."""
+        redis = redisnode.redis_module()
+        names = [redisnode.node_name(u) for u in self.nodes]
+        for j, url in enumerate(self.nodes):
+            shown = redisnode.redact(url)
+            try:
+                done = membership_mod.agree(self._client(j), shown, names, self.membership == "update")
+            except redis.ResponseError as e:
+                raise ConfigError(f"cache node {shown}: {membership_mod.MEMBERS_KEY} cannot be read or written "
+                                  f"({e}): if it is not coordl's (another type), delete it; if the user's ACL "
+                                  "forbids it, allow GET and SET on coordl:* keys") from None
+            if done.startswith("updated"):
+                log.warning("cache node %s: node list %s", shown, done)
 
     # -- opening --
     @property
@@ -434,13 +467,15 @@ class PartitionedCache:
         the node health table's fd while multiprocessing starts them (cache/nodehealth.py)."""
         return {"nodes": self.nodes, "node_rank": self.node_rank, "capacity_per_node": self.capacity_per_node,
                 "timeout": self.timeout, "retry_after": self.retry_after, "fingerprint": self.fingerprint,
+                "tls": self._tls, "membership": self.membership,
                 "n": self._n, "label": self._label, "maxmemory": self._maxmemory,
                 "health": self._health.state()}
 
     def __setstate__(self, state: dict) -> None:
         PartitionedCache.__init__(self, state["nodes"], state["node_rank"],
                                   capacity_per_node=state["capacity_per_node"], timeout=state["timeout"],
-                                  retry_after=state["retry_after"], _check=False)
+                                  retry_after=state["retry_after"], membership=state["membership"],
+                                  **state["tls"], _check=False)
         self._maxmemory = list(state["maxmemory"])
         self._health = nodehealth.NodeHealth.from_state(len(self.nodes), state.get("health"))
         if state["fingerprint"] is not None:

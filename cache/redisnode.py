@@ -3,7 +3,9 @@
     cfg = NodeConfig(port=6390, memory=16 * 2**30)
     proc = launch(cfg, directory)            # redis-server, config on stdin (no password in argv)
     wait_ready(cfg.url, proc)                # PING answers
-    inspect(client)                          # memory, policy, coordl datasets on the node
+    info = read_info(client)                 # INFO server, memory, replication
+    check_server(cfg.url, info, None)        # refuse a replica, an evicting policy, no limit
+    datasets(client)                         # the coordl datasets on the node (their meta)
 
 The configuration is the MinIO policy on Redis: ``maxmemory`` = the budget,
 ``maxmemory-policy noeviction`` (once full, writes are refused and nothing is
@@ -35,6 +37,7 @@ NOTE [lifecycle of a cache node]
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 import os
 import subprocess
@@ -52,6 +55,11 @@ DEFAULT_PORT = 6390
 #: Policies that never evict coordl's keys (they carry no TTL, so volatile-* never picks them).
 SAFE_POLICIES = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
 _LOOPBACK = ("localhost",)
+#: What an ACL user of `coordl cache-node start --user` may run: PartitionedCache's reads, admission
+#: script (and the commands inside it), node checks, membership record, stats, drop, and status.
+ACL_COMMANDS = ("ping", "auth", "hello", "select", "client|setinfo", "client|setname", "info", "get", "mget",
+                "set", "exists", "type", "hget", "hmget", "hgetall", "hincrby", "hsetnx", "scan", "unlink",
+                "evalsha", "eval", "script|load", "script|exists")
 
 
 def redis_module():
@@ -82,12 +90,21 @@ class NodeConfig:
 
     port: TCP port; bind: addresses to listen on (space-separated, redis syntax);
     memory: ``maxmemory`` in bytes; password: required when `bind` is not loopback.
+    tls_cert, tls_key: the server's certificate and key (PEM): the node then speaks TLS only, on
+    `port` (redis ``port 0``, ``tls-port``); tls_ca: the CA that client certificates must be
+    signed by (``tls-auth-clients yes``: mutual TLS); without it clients need no certificate.
+    user: an ACL user (with `password`) allowed only the commands and keys coordl uses
+    (`ACL_COMMANDS`, keys ``coordl:*``); the default user is then off.
     """
 
     port: int = DEFAULT_PORT
     memory: int = 2**30
     bind: str = "127.0.0.1"
     password: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    user: str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.port, int) and 0 < self.port < 65536):
@@ -98,19 +115,55 @@ class NodeConfig:
             raise ConfigError(f"--bind {self.bind} listens beyond loopback without a password: anyone who "
                               "reaches the port could read and write the cache; pass --password-file FILE "
                               "(and use TLS or a private network, see README 'Security')")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together: give the server's certificate and its key")
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise ConfigError("--tls-ca needs --tls-cert and --tls-key (the server's own certificate and key)")
+        for flag, path in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key), ("--tls-ca", self.tls_ca)):
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(f"{flag} {path}: no such file: give a PEM file")
+        if self.user is not None:
+            if not self.password:
+                raise ConfigError(f"--user {self.user} needs --password-file: an ACL user logs in with a password")
+            if not self.user or any(c.isspace() or c in "@:/%" or not c.isprintable() for c in self.user):
+                raise ConfigError(f"--user {self.user!r}: use letters, digits, '-', '_' or '.' (no spaces, "
+                                  "no '@ : / %')")
 
     def lines(self, directory: str, daemonize: bool) -> list[str]:
         """redis.conf lines (given on stdin: the password never shows in `ps`)."""
-        lines = [f"port {self.port}", f"bind {self.bind}", "protected-mode yes",
+        port = [f"port {self.port}"] if not self.tls_cert else [
+            "port 0", f"tls-port {self.port}", f"tls-cert-file {_quote(os.path.abspath(self.tls_cert))}",
+            f"tls-key-file {_quote(os.path.abspath(self.tls_key or ''))}",
+            f"tls-auth-clients {'yes' if self.tls_ca else 'no'}"]
+        if self.tls_ca:
+            port.append(f"tls-ca-cert-file {_quote(os.path.abspath(self.tls_ca))}")
+        lines = [*port, f"bind {self.bind}", "protected-mode yes",
                  f"maxmemory {self.memory}", "maxmemory-policy noeviction",
                  'save ""', "appendonly no", f'dir "{directory}"',
                  f"daemonize {'yes' if daemonize else 'no'}", "loglevel warning"]
         if daemonize:
             lines += [f'pidfile "{self.pidfile(directory)}"',
                       f'logfile "{os.path.join(directory, f"coordl-cache-node-{self.port}.log")}"']
-        if self.password:
+        if self.user:
+            digest = hashlib.sha256(self.password.encode()).hexdigest()  # no quoting of the password at all
+            lines += ["user default off", f"user {self.user} on #{digest} ~coordl:* resetchannels -@all "
+                      + " ".join(f"+{c}" for c in ACL_COMMANDS)]
+        elif self.password:
             lines.append("requirepass " + _quote(self.password))
         return lines
+
+    def client_tls(self) -> dict[str, object]:
+        """redis-py TLS options for this machine's own check of the node (`wait_ready`): the CA when
+        given (else the self-signed certificate is not verified: the pid proves the server), and
+        the server's own certificate as the client's one under mutual TLS."""
+        if not self.tls_cert:
+            return {}
+        opts: dict[str, object] = {"ssl_check_hostname": False}
+        if self.tls_ca:
+            opts.update(ssl_ca_certs=self.tls_ca, ssl_certfile=self.tls_cert, ssl_keyfile=self.tls_key)
+        else:
+            opts["ssl_cert_reqs"] = "none"
+        return opts
 
     def pidfile(self, directory: str) -> str:
         """redis-server's own pid file (it writes it once listening, removes it at a clean exit)."""
@@ -125,7 +178,8 @@ class NodeConfig:
         """The node's URL, the password percent-encoded (any password works)."""
         host = "127.0.0.1" if is_loopback(self.bind) else self.bind.split()[0].lstrip("-")
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "*") else host
-        return nodeurl.node_url(host, self.port, self.password)
+        return nodeurl.node_url(host, self.port, self.password, scheme="rediss" if self.tls_cert else "redis",
+                                user=self.user)
 
 
 def _quote(s: str) -> str:
@@ -177,12 +231,12 @@ def daemon_pid(cfg: NodeConfig, directory: str, timeout: float = 20.0) -> int:
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 20.0,
-               pid: int | None = None) -> None:
+               pid: int | None = None, tls: dict | None = None) -> None:
     """Until the server at `url` answers PING; a clear error (no password in it) if `proc` exits
     first, authentication fails or time runs out. With `pid`: the server answering must be that
     process (INFO process_id), not another one on the port."""
     redis = redis_module()
-    client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0, **(tls or {}))
     deadline = time.monotonic() + timeout
     try:
         while True:

@@ -20,7 +20,7 @@ import tempfile
 
 import click
 
-from coordl.cache import nodeproc, nodeurl, redisnode
+from coordl.cache import membership, nodeproc, nodetls, nodeurl, redisnode
 from coordl.cache.sizes import fmt_bytes, parse_size
 from coordl.errors import CacheError, ConfigError
 
@@ -63,11 +63,21 @@ def cache_node_group() -> None:
               help="Addresses to listen on (beyond loopback a password is required).")
 @click.option("--password-file", type=click.Path(dir_okay=False), default=None,
               help="File holding the password clients must give (requirepass).")
+@click.option("--user", default=None,
+              help="An ACL user (password from --password-file) allowed only coordl's commands on coordl:* "
+                   "keys; the default user is turned off. URL: redis://USER:PASSWORD@host:port/0.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+              help="Server certificate (PEM): the node speaks TLS only, on --port (URL: rediss://).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="The server certificate's key (PEM).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
+              help="CA (PEM) that client certificates must be signed by: mutual TLS (tls-auth-clients yes).")
 @_DIR
-def start_cmd(cache: str, port: int, bind: str, password_file: str | None, directory: str) -> None:
+def start_cmd(cache: str, port: int, bind: str, password_file: str | None, user: str | None,
+              tls_cert: str | None, tls_key: str | None, tls_ca: str | None, directory: str) -> None:
     """Start a redis-server as a static cache node and print its URL."""
     cfg = redisnode.NodeConfig(port=port, memory=parse_size(cache, "--cache"), bind=bind,
-                               password=_password(password_file))
+                               password=_password(password_file), tls_cert=tls_cert, tls_key=tls_key,
+                               tls_ca=tls_ca, user=user)
     directory = os.path.abspath(directory)
     running = redisnode.read_pid(cfg, directory)
     if running is not None:
@@ -87,7 +97,7 @@ def start_cmd(cache: str, port: int, bind: str, password_file: str | None, direc
                          f"{nodeurl.scrub(out.decode(errors='replace').strip()[-400:], cfg.url) or 'no output'}")
     pid = redisnode.daemon_pid(cfg, directory)
     try:
-        redisnode.wait_ready(cfg.url, pid=pid)
+        redisnode.wait_ready(cfg.url, pid=pid, tls=cfg.client_tls())
         nodeproc.write_record(cfg.recordfile(directory), pid, port)
     except BaseException:
         redisnode.stop_pid(pid)   # just seen as redis-server on this port, started by us
@@ -98,8 +108,15 @@ def start_cmd(cache: str, port: int, bind: str, password_file: str | None, direc
         shown = shown.replace("127.0.0.1", socket.getfqdn())
     click.echo(shown)
     click.echo(f"  maxmemory {fmt_bytes(cfg.memory)}, noeviction, no persistence; pid {pid}"
-               + (f"; password from {password_file} (URL: redis://:PASSWORD@..., the password "
-                  "percent-encoded)" if password_file else ""))
+               + (f"; password from {password_file} (URL: redis{'s' if tls_cert else ''}://"
+                  f"{user or ''}:PASSWORD@..., the password percent-encoded)" if password_file else ""))
+    if tls_cert:
+        click.echo("  TLS only (no plain port); clients verify the server against the CA that signed "
+                   f"{tls_cert} (ssl_ca_certs=)"
+                   + (f"; clients need a certificate signed by {tls_ca} (ssl_certfile=, ssl_keyfile=)"
+                      if tls_ca else ""))
+    if user:
+        click.echo(f"  ACL user {user}: only coordl's commands, keys coordl:*; the default user is off")
 
 
 def _remove(*paths: str) -> None:
@@ -150,11 +167,31 @@ def _not_proven(cfg: redisnode.NodeConfig, directory: str, why: str) -> None:
                      + "); see `coordl cache-node status`")
 
 
+def _client_tls(f):
+    for opt in reversed((
+            click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
+                         help="CA (PEM) that signed the nodes' certificates (rediss:// URLs)."),
+            click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+                         help="Client certificate (PEM), for nodes that require one (mutual TLS)."),
+            click.option("--tls-key", type=click.Path(dir_okay=False), default=None,
+                         help="The client certificate's key (PEM)."))):
+        f = opt(f)
+    return f
+
+
+def _client(url: str, tls: dict, timeout: float = 2.0):
+    redis = redisnode.redis_module()
+    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                **(tls if url.startswith("rediss:") else {}))
+
+
 @cache_node_group.command("status")
 @click.argument("urls", nargs=-1)
-def status_cmd(urls: tuple[str, ...]) -> None:
+@_client_tls
+def status_cmd(urls: tuple[str, ...], tls_ca: str | None, tls_cert: str | None, tls_key: str | None) -> None:
     """Memory, policy and coordl datasets of each node (default: this server's, port 6390)."""
     redis = redisnode.redis_module()
+    tls = nodetls.options(urls or ("rediss://",), tls_ca, tls_cert, tls_key)
     failed = 0
     for url in urls or (f"redis://127.0.0.1:{redisnode.DEFAULT_PORT}/0",):
         shown = redisnode.redact(url)
@@ -164,7 +201,7 @@ def status_cmd(urls: tuple[str, ...]) -> None:
             failed += 1
             continue
         try:
-            client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            client = _client(url, tls)
             try:
                 info = redisnode.read_info(client)
                 found = redisnode.datasets(client)
@@ -193,3 +230,51 @@ def status_cmd(urls: tuple[str, ...]) -> None:
                 click.echo(f"              problem: {meta['problem']}")
     if failed:
         raise CacheError(f"{failed} of {len(urls) or 1} cache node(s) could not be read (see above)")
+
+
+@cache_node_group.command("members")
+@click.argument("urls", nargs=-1, required=True)
+@click.option("--update", is_flag=True,
+              help="Write this list into every node of it (after adding, removing or replacing a node).")
+@_client_tls
+def members_cmd(urls: tuple[str, ...], update: bool, tls_ca: str | None, tls_cert: str | None,
+                tls_key: str | None) -> None:
+    """The node list each node belongs to, against URLS (the list every rank passes as nodes=).
+
+    Without --update it only reads, and fails when a node belongs to another list. With --update
+    (between epochs, no job running) it writes URLS as the list of every node in it; the nodes
+    that stay keep their cached items (README, 'Adding, removing or replacing a cache node')."""
+    from coordl.cache import partitioned
+
+    redis = redisnode.redis_module()
+    nodes = partitioned._check_nodes(list(urls))   # a node twice, a bad URL: ConfigError
+    tls = nodetls.options(nodes, tls_ca, tls_cert, tls_key)
+    names = [redisnode.node_name(u) for u in nodes]
+    failed = 0
+    for url in nodes:
+        shown = redisnode.redact(url)
+        try:
+            client = _client(url, tls)
+            try:
+                if update:
+                    done = membership.agree(client, shown, names, update=True)
+                else:
+                    theirs = membership.read(client)
+                    done = ("no list yet (the first PartitionedCache writes it)" if theirs is None else "same"
+                            if membership.record(theirs) == membership.record(names)
+                            else f"DIFFERS: {membership.difference(names, theirs)}")
+            finally:
+                client.close()
+        except redis.RedisError as e:
+            click.echo(f"{shown}\n  {nodeurl.explain(url, e)}")
+            failed += 1
+            continue
+        click.echo(f"{shown}\n  node list: {done}")
+        failed += done.startswith("DIFFERS")
+    if failed:
+        raise CacheError(f"{failed} of {len(nodes)} cache node(s) do not agree with this list or could not be "
+                         "read (see above)" + ("" if update else "; after a deliberate change, run again "
+                                                "with --update"))
+    if update:
+        click.echo(f"{len(nodes)} node(s) now belong to this list of {len(nodes)}; pass the same list as "
+                   "nodes= on every rank")

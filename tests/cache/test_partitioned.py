@@ -39,7 +39,7 @@ def test_items_go_to_their_owner_and_come_back_equal(redis_nodes):
     owners = [reader.owner(i) for i in range(N)]
     for j, node in enumerate(nodes):
         keys = {k.decode() for k in node.client().scan_iter(match="coordl:*")}
-        assert keys == {reader.key(i) for i in range(N) if owners[i] == j} | {reader.meta_key}
+        assert keys == {reader.key(i) for i in range(N) if owners[i] == j} | {reader.meta_key, "coordl:members"}
     counters = Counters(0)
     hits = reader.get_many(range(N), counters)
     assert {i: bytes(v) for i, v in hits.items()} == dict(enumerate(data))
@@ -190,7 +190,7 @@ def test_pickled_state_carries_no_connection(redis_nodes):
     cache = _cache([redis_nodes()])
     state = cache.__getstate__()
     assert set(state) == {"nodes", "node_rank", "capacity_per_node", "timeout", "retry_after",
-                          "fingerprint", "n", "label", "maxmemory", "health"}
+                          "fingerprint", "n", "label", "maxmemory", "health", "tls", "membership"}
     assert state["health"] is None          # the health table's fd crosses only while a process starts
 
 

@@ -55,3 +55,23 @@ def test_one_node_owns_everything_and_names_must_differ():
     assert not placement.owners(placement.node_salts(FP, NODES[:1]), np.arange(100)).any()
     with pytest.raises(ValueError, match="distinct"):
         placement.node_salts(FP, [NODES[0], NODES[0]])
+
+
+def test_four_to_five_nodes_moves_a_fifth_and_nothing_between_old_nodes():
+    """Issue 28 point 3: adding a 5th node moves ~1/5 of the items, all of them to the new node;
+    removing one moves exactly its items, each to one of the others."""
+    four = [f"10.0.0.{k}:6390/0" for k in range(1, 5)]
+    five = four + ["10.0.0.9:6390/0"]
+    items = np.arange(50000)
+    before = np.array(four)[placement.owners(placement.node_salts(FP, four), items)]
+    after = np.array(five)[placement.owners(placement.node_salts(FP, five), items)]
+    moved = before != after
+    assert abs(moved.mean() - 1 / 5) < 0.01, moved.mean()
+    assert set(after[moved]) == {five[-1]}          # none moves between two old nodes
+    back = np.array(four)[placement.owners(placement.node_salts(FP, four), items)]
+    left = after != back                             # removing the 5th again: only its items move
+    assert np.array_equal(left, after == five[-1]) and np.array_equal(back, before)
+    three = four[:2] + four[3:]                      # removing an old node: only its items move
+    gone = np.array(three)[placement.owners(placement.node_salts(FP, three), items)]
+    assert np.array_equal(before != gone, before == four[2])
+    assert abs((before != gone).mean() - 1 / 4) < 0.01

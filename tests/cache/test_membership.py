@@ -1,0 +1,123 @@
+"""Cache node membership (issue 28 point 3): the node list is checked at connect, and a node added
+or removed between epochs moves only that node's share; the rest stays cached. Real redis-servers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from coordl.cache import membership, redisnode
+from coordl.cache.partitioned import PartitionedCache
+from coordl.cli.commands import main
+from coordl.errors import ConfigError
+
+FP = "beef" * 16
+N = 400
+
+
+def _items(n: int = N) -> list[bytes]:
+    rng = np.random.default_rng(11)
+    return [rng.integers(0, 256, size=300 + 7 * i % 200, dtype=np.uint8).tobytes() for i in range(n)]
+
+
+def _cache(urls, rank: int = 0, **kw) -> PartitionedCache:
+    return PartitionedCache(list(urls), rank, **kw).open(FP, N, "members")
+
+
+def test_ranks_with_different_node_lists_are_refused_naming_the_difference(redis_nodes):
+    a, b, c, d = (redis_nodes() for _ in range(4))
+    first = _cache([a.url, b.url, c.url])
+    with pytest.raises(ConfigError) as e:
+        _cache([a.url, b.url, d.url], 1)
+    msg = str(e.value)
+    name_c, name_d = redisnode.node_name(c.url), redisnode.node_name(d.url)
+    assert f"has {name_d}, which the node's list lacks" in msg
+    assert f"has {name_c}, which this rank's nodes= lacks" in msg
+    assert "membership='update'" in msg and "cache-node members --update" in msg
+    with pytest.raises(ConfigError, match=f"has {name_c}, which this rank's nodes= lacks"):
+        _cache([a.url, b.url], 0)                         # a subset is a different list too
+    # the same list in another order and spelling is the same list
+    again = _cache([c.url, b.url.replace("127.0.0.1", "localhost"), a.url.rstrip("/0")], 2)
+    assert again.owner(17) == [2, 1, 0][first.owner(17)]
+    for x in (first, again):
+        x.close()
+
+
+def test_a_bad_membership_value_or_key_is_refused(redis_nodes):
+    a = redis_nodes()
+    with pytest.raises(ConfigError, match="membership='sync'.*'check'.*'update'"):
+        PartitionedCache([a.url], 0, membership="sync")
+    a.client().hset(membership.MEMBERS_KEY, "x", "1")  # not coordl's
+    with pytest.raises(ConfigError, match="coordl:members cannot be read or written.*delete it"):
+        PartitionedCache([a.url], 0)
+
+
+def _fill(cache: PartitionedCache, data: list[bytes]) -> None:
+    for i, raw in enumerate(data):
+        cache.put(i, raw)
+
+
+def test_adding_a_node_moves_only_its_share_the_rest_stays_cached(redis_nodes):
+    nodes = [redis_nodes() for _ in range(5)]
+    urls = [n.url for n in nodes]
+    data = _items()
+    old = _cache(urls[:4])
+    _fill(old, data)
+    assert len(old.get_many(range(N))) == N
+    owner_before = [urls[old.owner(i)] for i in range(N)]
+    with pytest.raises(ConfigError, match="lacks"):
+        _cache(urls, 0)                                    # not without saying so
+    new = _cache(urls, 0, membership="update")
+    owner_after = [urls[new.owner(i)] for i in range(N)]
+    moved = [i for i in range(N) if owner_before[i] != owner_after[i]]
+    assert all(owner_after[i] == urls[4] for i in moved)  # none between two old nodes
+    assert 0.12 < len(moved) / N < 0.28, len(moved)      # about 1/5
+    hits = new.get_many(range(N))
+    assert set(hits) == set(range(N)) - set(moved)        # the rest stays cached
+    assert all(bytes(v) == data[i] for i, v in hits.items())   # no wrong sample
+    _fill(new, data)                                       # the next epoch fills the new node
+    hits = new.get_many(range(N))
+    assert len(hits) == N and all(bytes(v) == data[i] for i, v in hits.items())
+    with pytest.raises(ConfigError, match="which the node's list lacks|which this rank's nodes= lacks"):
+        _cache(urls[:4], 1)                                # a rank still on the old list is refused
+    for n in nodes:
+        assert membership.read(n.client()) == sorted(redisnode.node_name(u) for u in urls)
+    old.close()
+    new.close()
+    print(f"4 -> 5 nodes: {len(moved)} of {N} items moved ({len(moved) / N:.3f}; 1/5 = 0.200)")
+
+
+def test_removing_a_node_moves_only_its_items(redis_nodes):
+    nodes = [redis_nodes() for _ in range(4)]
+    urls = [n.url for n in nodes]
+    data = _items()
+    old = _cache(urls)
+    _fill(old, data)
+    theirs = {i for i in range(N) if old.owner(i) == 2}
+    nodes[2].stop()
+    rest = urls[:2] + urls[3:]
+    new = _cache(rest, 0, membership="update")
+    hits = new.get_many(range(N))
+    assert set(hits) == set(range(N)) - theirs            # only the removed node's items are missing
+    assert all(bytes(v) == data[i] for i, v in hits.items())
+    assert 0.15 < len(theirs) / N < 0.35
+    old.close()
+    new.close()
+
+
+def test_members_command_reads_and_updates(redis_nodes):
+    nodes = [redis_nodes() for _ in range(3)]
+    urls = [n.url for n in nodes]
+    _cache(urls[:2]).close()
+    run = CliRunner()
+    r = run.invoke(main, ["cache-node", "members", *urls[:2]], catch_exceptions=False)
+    assert r.exit_code == 0 and r.output.count("node list: same") == 2, r.output
+    r = run.invoke(main, ["cache-node", "members", *urls], catch_exceptions=False)
+    assert r.exit_code != 0 and "DIFFERS" in r.output and "no list yet" in r.output, r.output
+    assert "--update" in r.output
+    r = run.invoke(main, ["cache-node", "members", "--update", *urls], catch_exceptions=False)
+    assert r.exit_code == 0 and "3 node(s) now belong" in r.output, r.output
+    _cache(urls, 1).close()                                 # ranks with the new list connect
+    with pytest.raises(ConfigError):
+        _cache(urls[:2], 0)
