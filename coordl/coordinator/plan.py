@@ -56,7 +56,7 @@ class Plan:
         if self.drop_last and self.items < self.batch_size:
             raise ConfigError(f"drop_last with batch_size={self.batch_size} > {self.items} items "
                               "leaves no batch: pass a smaller batch size or drop_last=False")
-        if self.epochs is not None and not (isinstance(self.epochs, int) and self.epochs >= 1):
+        if self.epochs is not None and not (isinstance(self.epochs, int) and self.epochs >= 1):  # pyright: ignore[reportUnnecessaryIsInstance] (user input)
             raise ConfigError(f"epochs={self.epochs!r} must be an int >= 1, or None for no limit")
 
     @property

@@ -49,6 +49,7 @@ without processes:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import protocol as p
 from .plan import Plan
@@ -67,7 +68,7 @@ class Job:
     epoch_end: int = 0             # first batch after that epoch
     waiting: bool = False          # a Next is pending until the batch is published
     batches: int = 0               # batches handed out in all
-    holding: set[int] = field(default_factory=set)  # batch indices handed out, not released
+    holding: set[int] = field(default_factory=set[int])  # batch indices handed out, not released
     resume_epoch: int | None = None  # resumed mid-epoch: the epoch its first Begin continues
     begun: bool = False            # it has sent Begin (too late to resume)
 
@@ -166,7 +167,7 @@ class Scheduler:
             return []
         self.gathering, self.started = False, True
         self.full_since = None  # nobody could make progress while the window held the batches
-        out = []
+        out: list[tuple[int, p.Message]] = []
         for job in self.jobs.values():
             if job.waiting:
                 reply = self._deliver(job)
@@ -195,7 +196,8 @@ class Scheduler:
         return p.EpochStart(epoch, bpe)
 
     def _had_its_epochs(self, start_epoch: int) -> p.Message:
-        last, n = start_epoch + self.plan.epochs - 1, self.plan.epochs
+        n = self.plan.epochs or 0  # called only when the plan has a limit
+        last = start_epoch + n - 1
         return p.Refused(f"this job has had its {n} epochs (the daemon's epochs "
                          f"{start_epoch}-{last}; `coordl serve --epochs {n}` gives each job {n}): "
                          "iterate fewer epochs, or start the daemon with more (coordl serve --epochs)")
@@ -203,7 +205,7 @@ class Scheduler:
     def _skip_to(self, job: Job, cursor: int) -> None:
         """Move the cursor forward, releasing the batches the job gives up."""
         if cursor > job.cursor:
-            freed = []
+            freed: list[int] = []
             for index, slot in list(self.slots.by_index.items()):
                 if job.cursor <= index < cursor and self.slots.release(slot, job.id):
                     freed.append(slot)
@@ -233,9 +235,9 @@ class Scheduler:
         job.cursor += 1
         job.batches += 1
         if self.slots.state[slot] is SlotState.FAILED:
-            error = self.slots.error[slot] or "unknown error"
+            error = self.slots.error[slot] or p.Failure("internal", "unknown error")
             self._freed([slot] if self.slots.release(slot, job.id) else [])
-            return p.BatchFailed(index, error)
+            return p.BatchFailed.of(index, error)
         job.holding.add(index)
         return p.Ready(index, self.plan.epoch_of(index), slot, self.slots.rows[slot])
 
@@ -286,7 +288,7 @@ class Scheduler:
         self._extend_all()
         return self._wake(self.slots.index[slot])
 
-    def failed(self, slot: int, error: str) -> list[tuple[int, p.Message]]:
+    def failed(self, slot: int, error: p.Failure) -> list[tuple[int, p.Message]]:
         index = self.slots.index[slot]
         self.slots.fail(slot, error, self._holders(index))
         self._extend_all()
@@ -300,7 +302,7 @@ class Scheduler:
     def _wake(self, index: int) -> list[tuple[int, p.Message]]:
         if self.gathering:
             return []
-        out = []
+        out: list[tuple[int, p.Message]] = []
         for job in self.jobs.values():
             if job.waiting and job.cursor == index:
                 reply = self._deliver(job)
@@ -325,15 +327,15 @@ class Scheduler:
         """With --epochs: a group has started and every job has left, so the daemon is done."""
         return self.plan.epochs is not None and self.started and not self.jobs
 
-    def job_status(self, job: Job, now: float) -> dict:
+    def job_status(self, job: Job, now: float) -> dict[str, Any]:
         bpe = self.plan.batches_per_epoch
-        inside = job.epoch is not None
+        epoch = job.epoch
         return {
             "job": job.id, "pid": job.pid, "start_epoch": job.start_epoch,
-            "epoch": job.epoch,                                    # the daemon's epoch number
-            "job_epoch": job.epoch - job.start_epoch if inside else None,  # 0: its first epoch
+            "epoch": epoch,                                        # the daemon's epoch number
+            "job_epoch": None if epoch is None else epoch - job.start_epoch,  # 0: its first epoch
             "epochs": self.plan.epochs,                            # each job's count (None: no limit)
-            "batch": job.cursor - self.plan.first_batch(job.epoch) if inside else None,
+            "batch": None if epoch is None else job.cursor - self.plan.first_batch(epoch),
             "batches_per_epoch": bpe, "holding": sorted(job.holding), "waiting": job.waiting,
             "batches": job.batches, "idle_s": round(now - job.last_progress, 3),
         }

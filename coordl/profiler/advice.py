@@ -45,7 +45,7 @@ def verdict(fetch_pct: float, prep_pct: float, compute_pct: float, device: str) 
 
 def cpu_per_sample(inp: model.Inputs, cache_fraction: float, workers: int) -> float:
     """CPU seconds one sample costs, train step, loader and its cold read together (the model's CPU term)."""
-    return inp.train_cpu + inp._at(inp.prep_cpu, workers) + (1.0 - cache_fraction) * inp.fetch_cpu
+    return inp.train_cpu + inp.at(inp.prep_cpu, workers) + (1.0 - cache_fraction) * inp.fetch_cpu
 
 
 def predict_jobs(inp: model.Inputs, cache_fraction: float, workers: int, jobs: int, shared: bool) -> float:
@@ -54,7 +54,7 @@ def predict_jobs(inp: model.Inputs, cache_fraction: float, workers: int, jobs: i
     the coordinator (True: each batch fetched and prepared once for all k)."""
     lim = model.limits(inp, cache_fraction, workers)
     miss = 1.0 - cache_fraction
-    prep = inp._at(inp.prep_cpu, workers) + miss * inp.fetch_cpu
+    prep = inp.at(inp.prep_cpu, workers) + miss * inp.fetch_cpu
     cpu_per_round = jobs * inp.train_cpu + (prep if shared else jobs * prep)
     cpu = inp.cores / cpu_per_round if cpu_per_round > 0 else math.inf
     storage = lim.storage if shared else lim.storage / jobs
@@ -139,7 +139,7 @@ def _dali_advice(inp, workers, x, device) -> dict:
     left = inp.train_cpu + (1 - x) * inp.fetch_cpu
     lim = model.limits(inp, x, workers)
     ceiling = min(lim.ingestion, lim.storage, inp.cores / left if left > 0 else math.inf)
-    prep = inp._at(inp.prep_cpu, workers)
+    prep = inp.at(inp.prep_cpu, workers)
     where = ("backend=\"dali\", dali_device=\"gpu\" (coordl serve --backend dali)" if device.startswith("cuda")
              else "on a machine with a GPU: backend=\"dali\", dali_device=\"gpu\"")
     return {"action": "dali", "predicted_at_most": ceiling, "short": f"DALI on a GPU (<= {ceiling:.0f}/s)",
@@ -172,7 +172,7 @@ def notes(inp: model.Inputs, rates: dict, cached: list[float], cold: list[float]
             f"The profiled run ({cache_fraction:.0%} cached, cold storage) measured {fetch:.0f}/s, faster than "
             f"training with every item cached ({prep:.0f}/s): reading storage costs nothing measurable here "
             f"(cold reads {inp.storage_bandwidth(workers) / MiB:.0f} MiB/s, {inp.read_latency * 1e3:.2f} ms each, "
-            f"against {inp._at(inp.prep_cpu, workers) * 1e3:.2f} ms of CPU to prepare an item), so the two differ "
+            f"against {inp.at(inp.prep_cpu, workers) * 1e3:.2f} ms of CPU to prepare an item), so the two differ "
             f"by run-to-run noise{spread}; the fetch stall is counted as 0. More --steps or --repeats 3 narrow it.")
     free = [k for k, (c, a) in enumerate(zip(cold, alone), 1) if c >= a]
     if free:

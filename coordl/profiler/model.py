@@ -136,7 +136,8 @@ class Inputs:
         got = self.prep_cold[k - 1] * self.item_bytes if self.prep_cold else 0.0
         return max(self.storage_bw[k - 1], got)
 
-    def _at(self, values: tuple[float, ...], workers: int) -> float:
+    def at(self, values: tuple[float, ...], workers: int) -> float:
+        """`values` (one per worker count 1..N, measured) at `workers`; beyond N, the last."""
         return values[min(workers, len(values)) - 1]
 
 
@@ -168,7 +169,7 @@ def limits(inp: Inputs, cache_fraction: float, workers: int) -> Limits:
     miss = 1.0 - cache_fraction
     per_item = 1.0 / inp.worker_speed(workers) + miss * inp.miss_cost(workers)
     storage = inp.storage_bandwidth(workers) / (miss * inp.item_bytes) if miss > 0 else float("inf")
-    cpu_per_sample = inp.train_cpu + inp._at(inp.prep_cpu, workers) + miss * inp.fetch_cpu
+    cpu_per_sample = inp.train_cpu + inp.at(inp.prep_cpu, workers) + miss * inp.fetch_cpu
     cpu = inp.cores / cpu_per_sample if cpu_per_sample > 0 else float("inf")
     return Limits(inp.ingestion, workers / per_item, storage, cpu)
 
