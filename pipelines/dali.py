@@ -61,9 +61,9 @@ from coordl.errors import ConfigError
 
 from . import cpu, crop, markers
 from . import roi as jpegroi
+from .names import DALI_DEVICES, TRANSFORMS
 
-TRANSFORMS = ("train", "val")
-DEVICES = ("cpu", "gpu")
+DEVICES = DALI_DEVICES  # (pipelines/names.py)
 LAYOUTS = ("CHW", "HWC")
 INSTALL_HINT = "pip install coordl[dali] (NVIDIA DALI, the CUDA 12 wheel nvidia-dali-cuda120)"
 _DALI_ERRORS = (RuntimeError, IndexError, ValueError)

@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from coordl import names
 from coordl.errors import ConfigError
 
 _HELP = """Where does training wait: on storage (fetch stall), on decode and augmentation
@@ -132,7 +133,7 @@ def _write(flag: str, path: str, write) -> None:
 @click.option("--cache", "--cache-bytes", "cache_bytes", default="0", show_default=True,
               help="MinIO cache of the profiled run: bytes or a size ('50MiB'); 0: none. "
                    "(--cache-bytes: the old name, kept.)")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--device", type=click.Choice(names.PROFILE_DEVICES), default="cpu", show_default=True)
 @click.option("--threads", type=int, default=None, help="torch threads of the training process (cpu).")
 @click.option("--json", "json_out", default=None, help="Write JSON here (its folder must exist).")
 @click.option("--plot", "plot_out", default=None,

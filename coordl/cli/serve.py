@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import click
 
+from coordl import names
 from coordl.coordinator.config import ServeConfig, default_socket_path
 from coordl.errors import CoordlError
 
@@ -30,7 +31,7 @@ def _size(ctx, param, value):
 @click.command("serve")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="ImageFolder root.")
 @click.option("--batch-size", type=int, required=True, help="Images per batch (the jobs' batch_size).")
-@click.option("--transform", type=click.Choice(["train", "val"]), default="train", show_default=True)
+@click.option("--transform", type=click.Choice(names.TRANSFORMS), default="train", show_default=True)
 @click.option("--size", type=int, default=224, show_default=True, help="Output height and width.")
 @click.option("--epochs", type=int, default=None,
               help="Epochs each job gets (counted from the first whole epoch it joins); the "
@@ -56,12 +57,12 @@ def _size(ctx, param, value):
               help="Seconds a connection may stay open without attaching as a job.")
 @click.option("--shuffle/--no-shuffle", default=True, show_default=True)
 @click.option("--drop-last/--keep-last", default=False, show_default=True)
-@click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+@click.option("--on-error", type=click.Choice(names.ON_ERROR), default="raise", show_default=True,
               help="A bad image: fail its batch in the jobs, or drop it from the batch.")
-@click.option("--backend", type=click.Choice(["cpu", "dali"]), default="cpu", show_default=True,
+@click.option("--backend", type=click.Choice(names.BACKENDS), default="cpu", show_default=True,
               help="What the prep workers decode and augment with: coordl's CPU pipeline, or "
                    "NVIDIA DALI (pip install coordl[dali]); one DALI thread per worker.")
-@click.option("--dali-device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+@click.option("--dali-device", type=click.Choice(names.DALI_DEVICES), default="cpu", show_default=True,
               help="With --backend dali: decode on the CPU, or with nvJPEG on the GPU (the first "
                    "CUDA_VISIBLE_DEVICES device).")
 @click.option("--detach", is_flag=True, help="Run in the background; log to <socket>.log.")

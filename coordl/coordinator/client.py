@@ -53,7 +53,9 @@ import weakref
 
 import torch
 
+from coordl import names
 from coordl.cache.forkguard import ForkGuard
+from coordl.datasets.imagefolder import CoordlDataset
 from coordl.errors import ConfigError, CoordinatorError, SampleError
 from coordl.loader import resume
 
@@ -334,16 +336,18 @@ def _check_dataset(dataset, batch_size) -> None:
     limitation = getattr(dataset, "coordinator_limitation", None)  # e.g. coordl.AudioFolder
     if limitation:
         raise ConfigError(f"coordinator=... cannot serve {type(dataset).__name__}: {limitation}")
-    missing = [a for a in ("fingerprint", "root", "transform", "size", "seed", "on_error")
-               if not hasattr(dataset, a)]
-    if missing:
+    if not isinstance(dataset, CoordlDataset):
+        raise ConfigError(f"coordinator=... needs a coordl dataset (the daemon prepares its items); "
+                          f"{type(dataset).__name__} is not one: use coordl.ImageFolder(root)")
+    missing = [a for a in ("fingerprint", "root", "transform", "size", "on_error") if not hasattr(dataset, a)]
+    if missing:  # a coordl dataset of another kind (the daemon opens an ImageFolder of the same root)
         raise ConfigError(f"coordinator=... needs a coordl.ImageFolder (the daemon prepares its "
                           f"items); {type(dataset).__name__} has no {', '.join(missing)}")
     if not isinstance(dataset.size, int):  # ImageFolder(size=(h, w)) with h != w
         raise ConfigError(f"coordinator=... serves square batches (coordl serve --size N): this "
                           f"dataset has size={dataset.size!r}; pass ImageFolder(size=<one int>), or "
                           "drop coordinator= for size=(height, width)")
-    if dataset.transform not in ("train", "val"):
+    if dataset.transform not in names.TRANSFORMS:
         raise ConfigError(f"coordinator=... needs transform='train' or 'val' (the daemon runs "
                           f"them); the dataset has transform={dataset.transform!r}")
     if not (isinstance(batch_size, int) and batch_size >= 1):

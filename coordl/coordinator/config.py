@@ -7,11 +7,11 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from coordl import names
 from coordl.errors import ConfigError, CoordinatorError
 
 _SUN_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un.sun_path, less the NUL)
-BACKENDS = ("cpu", "dali")   # what the prep workers decode and augment with (workers.py)
-DALI_DEVICES = ("cpu", "gpu")
+BACKENDS, DALI_DEVICES = names.BACKENDS, names.DALI_DEVICES  # (coordl/names.py; backends: workers.py)
 
 
 def default_socket_path() -> str:
@@ -79,9 +79,9 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         self._check_backend()
-        if self.transform not in ("train", "val"):
+        if self.transform not in names.TRANSFORMS:
             raise ConfigError(f"--transform {self.transform!r}: use 'train' or 'val'")
-        if self.on_error not in ("raise", "skip"):
+        if self.on_error not in names.ON_ERROR:
             raise ConfigError(f"--on-error {self.on_error!r}: use 'raise' or 'skip'")
         for name, low in (("batch_size", 1), ("size", 1), ("workers", 1), ("slots", 2),
                           ("min_jobs", 1)):

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from coordl import names
 from coordl.batch import PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
@@ -37,7 +38,7 @@ from coordl.datasets import sources
 from coordl.manifest.build import IMG_EXTENSIONS, scan
 from coordl.pipelines import cpu, crop
 
-_TRANSFORMS = ("train", "val")
+_TRANSFORMS, _ON_ERROR = names.TRANSFORMS, names.ON_ERROR  # (coordl/names.py)
 
 
 class _NoCounters:
@@ -88,7 +89,6 @@ def _epoch_of(indices: Sequence[int], default: int) -> int:
     if epoch is None and len(indices):
         epoch = getattr(indices[0], "epoch", None)
     return default if epoch is None else epoch
-_ON_ERROR = ("raise", "skip")
 
 
 class CoordlDataset(torch.utils.data.Dataset):

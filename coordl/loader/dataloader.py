@@ -45,6 +45,7 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from coordl import names
 from coordl.batch import collate
 from coordl.buffers import EXTRA_SLOTS, TSO_MACHINES, check_platform
 from coordl.coordinator.client import connect
@@ -57,7 +58,7 @@ from coordl.loader.sampling import EpochBatch, EpochIndex, PlanSampler, check_ra
 from coordl.loader.stats import KEYS, Counters
 
 T_co = TypeVar("T_co", covariant=True)
-_BACKENDS = ("cpu", "dali")
+_BACKENDS = names.BACKENDS  # (coordl/names.py)
 
 
 class _IndexStream:
@@ -214,7 +215,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             check_platform()
         self.reuse_buffers = bool(reuse_buffers)
         self._lend_buffers()
-        if dali_device not in ("cpu", "gpu"):
+        if dali_device not in names.DALI_DEVICES:
             raise ConfigError(f"dali_device={dali_device!r} must be 'cpu' or 'gpu' (DALI's mixed decode)")
         self.dali_device = dali_device
         self._next_epoch = 0

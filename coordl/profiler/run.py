@@ -23,6 +23,7 @@ from contextlib import ExitStack
 import torch
 
 from coordl.cache import storage
+from coordl.datasets.imagefolder import CoordlDataset
 from coordl.errors import ConfigError
 
 from . import measure, model
@@ -37,8 +38,8 @@ def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) 
     for name, v, lo in (("batch_size", batch_size, 1), ("num_workers", num_workers, 1), ("steps", steps, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r} must be an int >= {lo}")
-    if not all(hasattr(dataset, a) for a in ("fetch", "prep", "manifest", "fingerprint")):
-        raise ConfigError(f"coordl.profile needs a coordl.ImageFolder (fetch/prep and a manifest of files), "
+    if not isinstance(dataset, CoordlDataset) or getattr(dataset, "manifest", None) is None:
+        raise ConfigError(f"coordl.profile needs a coordl dataset over a manifest of files (coordl.ImageFolder), "
                           f"not {type(dataset).__name__}: build it with coordl.ImageFolder(root)")
     need = (WARMUP + steps) * batch_size
     if need > len(dataset):
