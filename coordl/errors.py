@@ -8,6 +8,10 @@ Messages name the thing (file, parameter, server), the value, and the fix.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+_E = TypeVar("_E", bound=BaseException)
+
 
 class CoordlError(Exception):
     """Root of every error raised by coordl."""
@@ -39,3 +43,17 @@ class CacheError(CoordlError):
 
 class CoordinatorError(CoordlError):
     """The coordinator daemon refused a job, detached it, or went away."""
+
+
+def at_item(err: _E, item: int) -> _E:
+    """Note on `err` the dataset item it happened at, and return it: a coordinator prep worker's
+    failure report then names the item and its file (coordl/coordinator/protocol.py `Failure`).
+    An attribute of the exception's own, so any exception can carry it, as WebDataset's carry
+    their url."""
+    vars(err)["coordl_item"] = int(item)
+    return err
+
+
+def item_of(err: BaseException) -> int | None:
+    """The item `at_item` noted on `err`, else None."""
+    return vars(err).get("coordl_item")

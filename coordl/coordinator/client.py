@@ -38,6 +38,14 @@ the local loader's, a coordinated state also resumes a local
 `coordl.DataLoader` (world size 1) and a local state a coordinated job (its
 first epoch then counts as 0).
 
+Failures. A batch the daemon could not prepare arrives as BatchFailed, a
+`protocol.Failure`: its kind, the item and file the prep worker was at, and
+the worker's traceback. A bad item (kind "sample") raises `SampleError`
+naming the file, as a local loader does; anything else (a bug, a worker that
+died twice on the same rows) raises `CoordinatorError` with the worker's
+traceback (`failure_error`). Either way the job goes on: the next
+``next(it)`` gets the batch after it.
+
 No wait is unbounded without a check: every blocking read polls the socket
 once a second and checks that the daemon process still lives, so a daemon
 killed with SIGKILL makes the next call raise `CoordinatorError` within a
@@ -297,8 +305,7 @@ class EpochIterator:
             client.failed_batches += 1
             client._send([p.Next()])
             self._asked = True
-            raise SampleError(f"batch {reply.index} of epoch {self.epoch} could not be prepared by "
-                              f"the coordinator: {reply.error}")
+            raise failure_error(reply, self.epoch)
         if not isinstance(reply, p.Ready):
             raise CoordinatorError(f"the coordinator answered next with {reply.TYPE!r}")
         batch = client._batch(reply, self.pin_memory)
@@ -314,6 +321,21 @@ class EpochIterator:
             client._held = reply.index
         self._asked = True
         return batch
+
+
+def failure_error(reply: p.BatchFailed, epoch: int) -> SampleError | CoordinatorError:
+    """The exception a job raises for a batch the daemon could not prepare: `SampleError` for a
+    bad item (its message names the file; on_error='skip' at `coordl serve` skips such items),
+    `CoordinatorError` with the prep worker's traceback for anything else (a bug, a worker
+    that died): that is not the data's fault, and catching SampleError must not hide it."""
+    where = f"batch {reply.index} of epoch {epoch} could not be prepared by the coordinator"
+    if reply.kind == "sample":
+        return SampleError(f"{where}: {reply.error}")
+    at = f" at item {reply.item} ({reply.file or 'file unknown'})" if reply.item is not None else ""
+    tb = (f"\n\nThe prep worker's traceback:\n{reply.traceback.rstrip()}" if reply.traceback
+          else "\n\n(no traceback: see the daemon's log)")
+    return CoordinatorError(f"{where}: an internal error{at}: {reply.error}. This is not a bad sample: "
+                            f"please report it with the traceback below (the daemon logged it too){tb}")
 
 
 _warned_no_pin = False

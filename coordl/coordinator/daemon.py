@@ -96,7 +96,8 @@ class Daemon:
 
         self.config = config
         folder = ImageFolder(config.data, transform=config.transform, size=config.size,
-                             seed=config.seed, on_error=config.on_error)
+                             seed=config.seed, on_error=config.on_error,
+                             storage_options=config.storage_options)
         self.cache = cache_for(folder, config.cache_bytes) if config.cache_bytes else None
         # the prep workers' view: counted per task, read through the cache without page cache
         self.dataset = folder.bind(counters=TaskCounters(), cache=self.cache,
@@ -289,7 +290,8 @@ class Daemon:
                 self.produced_images += rows
                 self._deliver(self.scheduler.published(slot, rows))
             else:
-                log.error("batch %d failed: %s", self.slots.index[slot], p.printable(error))
+                log.error("batch %d failed: %s%s", self.slots.index[slot], p.printable(error.error),
+                          f"\n{error.traceback}" if error.kind == "internal" else "")
                 self._deliver(self.scheduler.failed(slot, error))
 
     # -- connections --

@@ -5,8 +5,12 @@ A message is one frame: a 4-byte big-endian length, then a msgpack map with a
 data never travels here: it lies in the ring (see ring.py); a message only
 names a slot. Every message is a small frozen dataclass; decoding checks the
 type name against the set the receiver accepts, the field names and each
-field's type, and raises `ProtocolError` for anything else, so a malformed or
-oversized frame costs the daemon one connection, never the process.
+field's type (a ``dict`` field, StatusReply.status and PrepDone.counters, is
+checked as a map only, not what it holds), and raises `ProtocolError` for
+anything else. From a job, a malformed or oversized frame costs the daemon
+that one connection, never the process; from one of its own prep workers it
+is a bug, and the daemon stops with a `CoordinatorError` (daemon.py
+``_on_worker``) rather than serve batches it cannot trust.
 
 Who sends what (request -> reply):
 
@@ -14,27 +18,32 @@ Who sends what (request -> reply):
                        Resume       -> Resumed | Refused         (before the first Begin: move
                                                                   to a checkpoint's batch)
                        Begin        -> EpochStart | Refused      (start the job's next epoch)
-                       Next         -> Ready | EndOfEpoch | BatchFailed
+                       Next         -> Ready | EndOfEpoch | BatchFailed (a `Failure`)
                        Release      (no reply: the job is done with that batch's slot)
                        Bye          (no reply: detach now)
     any -> daemon      Status       -> StatusReply
     daemon -> job      Detached, ShuttingDown   (unsolicited, then the daemon closes the socket)
-    daemon -> worker   PrepTask     -> PrepDone | PrepFailed     (worker.py)
+    daemon -> worker   PrepTask     -> PrepDone | PrepFailed     (workers.py; PrepFailed: a `Failure`)
+
+Any request may also be answered by Refused (the daemon refused it and closes
+the connection: a message out of order, or one it failed on).
 """
 
 import functools
 import socket
 import struct
+import traceback
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import msgpack
 
-from coordl.errors import CoordinatorError
+from coordl.errors import CoordinatorError, SampleError, item_of
 
-VERSION = 3  # 3: Resume/Resumed
+VERSION = 4  # 3: Resume/Resumed; 4: BatchFailed carries a Failure
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 1024      # bytes of one frame the daemon accepts from a client
 MAX_REPLY = 4 * 1024 * 1024  # bytes of one frame a client accepts from the daemon
@@ -80,6 +89,52 @@ def _printable(value):
 
 def _registry(*classes: type[Message]) -> dict[str, type[Message]]:
     return {c.TYPE: c for c in classes}
+
+
+FAILURE_KINDS = ("sample", "internal")
+MAX_TRACEBACK = 16 * 1024  # characters of a worker's traceback that travel (its last ones)
+MAX_ERROR = 4 * 1024       # ... of its one-line error (the first ones)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in FAILURE_KINDS:  # decode() builds messages through __init__: a bad kind is refused
+        raise ProtocolError(f"failure kind {kind!r} is not one of {list(FAILURE_KINDS)}")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a chunk of a batch could not be prepared, as data (torch's ``ExceptionWrapper``, DALI's
+    ``failed(..., traceback)``): made by a prep worker (`from_exception`, workers.py), carried by
+    PrepFailed to the daemon, kept by the ring's FAILED slot, sent to each job in BatchFailed;
+    client.py raises `SampleError` for a "sample" failure and `CoordinatorError` with the
+    worker's traceback for an "internal" one."""
+    kind: str               # "sample": a bad item (SampleError); "internal": a bug, a crash, a death
+    error: str              # one line: "SampleError: /data/cat/1.jpg: truncated: ..."
+    item: int | None = None  # the dataset item the worker was at, when known
+    file: str = ""          # its file, when known
+    traceback: str = ""     # the worker's formatted traceback, at most MAX_TRACEBACK characters
+
+    def __post_init__(self) -> None:
+        _check_kind(self.kind)
+
+    def __str__(self) -> str:
+        return self.error
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, file_of: Callable[[int], str]) -> "Failure":
+        """What a prep worker sends for `exc`: a `SampleError` is the item's fault ("sample"),
+        anything else coordl's or the environment's ("internal"); the item is the one the
+        dataset noted (`coordl.errors.at_item`), `file_of(item)` its file."""
+        item = item_of(exc)
+        file = ""
+        if item is not None:
+            try:
+                file = printable(file_of(item))
+            except Exception:  # noqa: BLE001 (the report must not fail: the item stays named)
+                file = ""
+        kind = "sample" if isinstance(exc, SampleError) else "internal"
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(kind, f"{type(exc).__name__}: {exc}"[:MAX_ERROR], item, file, text[-MAX_TRACEBACK:])
 
 
 # -- job -> daemon ----------------------------------------------------------------
@@ -194,10 +249,25 @@ class EndOfEpoch(Message):
 
 @dataclass(frozen=True)
 class BatchFailed(Message):
-    """Batch `index` could not be prepared; `error` says which file and why."""
+    """Batch `index` could not be prepared: the first `Failure` of its chunks, field by field."""
     TYPE: ClassVar[str] = "failed"
     index: int
-    error: str
+    kind: str          # FAILURE_KINDS: "sample" (a bad item) or "internal" (anything else)
+    error: str         # one line: the exception's type and message (a bad item's names its file)
+    item: int | None   # the dataset item it happened at (None: not known, e.g. a worker died)
+    file: str          # that item's file ("" when not known; `printable`)
+    traceback: str     # the prep worker's formatted traceback ("" when it has none)
+
+    def __post_init__(self) -> None:
+        _check_kind(self.kind)
+
+    @classmethod
+    def of(cls, index: int, failure: Failure) -> "BatchFailed":
+        return cls(index, failure.kind, failure.error, failure.item, failure.file, failure.traceback)
+
+    @property
+    def failure(self) -> Failure:
+        return Failure(self.kind, self.error, self.item, self.file, self.traceback)
 
 
 @dataclass(frozen=True)
@@ -243,12 +313,29 @@ class PrepDone(Message):
 
 @dataclass(frozen=True)
 class PrepFailed(Message):
+    """Rows lo..hi of batch `index` could not be prepared; the fields are a `Failure`'s."""
     TYPE: ClassVar[str] = "prep_failed"
     slot: int
     index: int
     lo: int
     hi: int
+    kind: str
     error: str
+    item: int | None
+    file: str
+    traceback: str
+
+    def __post_init__(self) -> None:
+        _check_kind(self.kind)
+
+    @classmethod
+    def of(cls, task: "PrepTask", failure: Failure) -> "PrepFailed":
+        return cls(task.slot, task.index, task.lo, task.hi, failure.kind, failure.error,
+                   failure.item, failure.file, failure.traceback)
+
+    @property
+    def failure(self) -> Failure:
+        return Failure(self.kind, self.error, self.item, self.file, self.traceback)
 
 
 TO_DAEMON = _registry(Hello, Resume, Begin, Next, Release, Bye, Status)

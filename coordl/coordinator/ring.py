@@ -39,6 +39,7 @@ import numpy as np
 from coordl.errors import CoordinatorError
 
 from . import segments
+from .protocol import Failure
 
 MAGIC = int.from_bytes(b"CODRING1", "little")
 VERSION = 1
@@ -187,7 +188,7 @@ class SlotTable:
         self.state = [SlotState.FREE] * slots
         self.index = [-1] * slots            # the batch each non-free slot holds
         self.rows = [0] * slots              # valid rows of a READY slot
-        self.error: list[str | None] = [None] * slots
+        self.error: list[Failure | None] = [None] * slots  # a FAILED slot's (protocol.py)
         self.holders: list[set[int]] = [set() for _ in range(slots)]
         self.by_index: dict[int, int] = {}   # batch index -> slot, for every non-free slot
         self.mirror = mirror
@@ -224,7 +225,7 @@ class SlotTable:
             self.mirror[slot, ROWS] = rows
         return self._hold_or_free(slot, holders)
 
-    def fail(self, slot: int, error: str, holders: set[int]) -> bool:
+    def fail(self, slot: int, error: Failure, holders: set[int]) -> bool:
         self._move(slot, SlotState.FAILED)
         self.error[slot] = error
         return self._hold_or_free(slot, holders)

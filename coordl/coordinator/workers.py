@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from coordl.errors import ConfigError, SampleError
+from coordl.errors import ConfigError, SampleError, at_item
 
 from . import protocol as p
 from .plan import Plan
@@ -134,8 +134,9 @@ class DaliRows:
             self._prep = None  # a failure Prep does not recover from itself: a new pipeline next time
             raise
         for pos in sorted(errors):
-            self._skip_or_raise(SampleError(f"{ds.manifest.path(fetched[pos])}: {errors[pos]}: replace "
-                                            "or remove the file, or pass on_error='skip'"))  # as the CPU's
+            err = SampleError(f"{ds.manifest.path(fetched[pos])}: {errors[pos]}: replace or remove the "
+                              "file, or pass on_error='skip'")  # as the CPU's
+            self._skip_or_raise(at_item(err, fetched[pos]))
         for row, pos in enumerate(kept):
             labels[row] = ds.manifest.labels[fetched[pos]]
             ids[row] = fetched[pos]
@@ -194,8 +195,7 @@ def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: in
                                                   counters.take())
                 except Exception as e:  # noqa: BLE001 (travels to the jobs as data; the worker goes on)
                     counters.take()  # the failed batch's counts are dropped with it
-                    reply = p.PrepFailed(task.slot, task.index, task.lo, task.hi,
-                                         f"{type(e).__name__}: {e}")
+                    reply = p.PrepFailed.of(task, p.Failure.from_exception(e, dataset.manifest.path))
                 sock.sendall(reply.encode())
     except (BrokenPipeError, ConnectionResetError):
         pass
@@ -219,7 +219,7 @@ class _Batch:
     index: int
     pending: int                     # chunks not yet done
     kept: dict[int, int] = field(default_factory=dict)  # chunk lo -> rows kept
-    error: str | None = None
+    error: p.Failure | None = None   # the first failed chunk's
 
 
 class WorkerPool:
@@ -289,7 +289,7 @@ class WorkerPool:
             except OSError:
                 pass  # it died; on_readable sees EOF and fails its tasks
 
-    def on_readable(self, fd: int) -> list[tuple[int, int | None, str | None]]:
+    def on_readable(self, fd: int) -> list[tuple[int, int | None, p.Failure | None]]:
         """Read one worker's results: [(slot, rows, None) | (slot, None, error)] of finished batches."""
         worker = self.workers[fd]
         try:
@@ -305,13 +305,13 @@ class WorkerPool:
                 self.counters.update(msg.counters)
                 finished = self._chunk_done(msg.slot, msg.lo, msg.kept, None)
             else:
-                finished = self._chunk_done(msg.slot, msg.lo, 0, msg.error)
+                finished = self._chunk_done(msg.slot, msg.lo, 0, msg.failure)
             if finished is not None:
                 done.append(finished)
         self.dispatch()
         return done
 
-    def _chunk_done(self, slot: int, lo: int, kept: int, error: str | None):
+    def _chunk_done(self, slot: int, lo: int, kept: int, error: p.Failure | None):
         batch = self.batches[slot]
         self.retried.discard((slot, batch.index, lo))
         batch.kept[lo] = kept
@@ -336,7 +336,7 @@ class WorkerPool:
             row += kept
         return row
 
-    def _died(self, worker: _Worker) -> list[tuple[int, int | None, str | None]]:
+    def _died(self, worker: _Worker) -> list[tuple[int, int | None, p.Failure | None]]:
         del self.workers[worker.sock.fileno()]
         self.forget(worker.sock)  # before close: its successor's socket may get the same number
         worker.sock.close()
@@ -352,7 +352,7 @@ class WorkerPool:
                 continue
             reason = (f"prep worker {worker.pid} died ({status}) while preparing rows {task.lo}-"
                       f"{task.hi} of this batch, the second worker to die on them: see the daemon's log")
-            finished = self._chunk_done(task.slot, task.lo, 0, reason)
+            finished = self._chunk_done(task.slot, task.lo, 0, p.Failure("internal", reason))
             if finished is not None:
                 done.append(finished)
         self._spawn()

@@ -32,7 +32,7 @@ from coordl.batch import PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
 from coordl.cache.forkguard import ForkGuard
-from coordl.errors import ConfigError, CoordinatorError, SampleError
+from coordl.errors import ConfigError, CoordinatorError, SampleError, at_item
 from coordl.loader.stats import Counters
 from coordl.datasets import sources
 from coordl.manifest.build import IMG_EXTENSIONS, scan
@@ -243,8 +243,8 @@ class ImageFolder(CoordlDataset):
             raw = storage.read_file(path, drop_page_cache=self.drop_page_cache) if pending is None \
                 else pending.result()
         except OSError as e:
-            raise SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that it "
-                              "exists and is readable, or pass on_error='skip'") from None
+            raise at_item(SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that "
+                                      "it exists and is readable, or pass on_error='skip'"), i) from None
         self.counters.add(storage_reads=1, storage_bytes=len(raw))
         if cache is not None and cache.put(i, raw):
             self.counters.add(cache_inserts=1)
@@ -273,7 +273,8 @@ class ImageFolder(CoordlDataset):
             raise self._sample_error(i, e) from None
 
     def _sample_error(self, i: int, e: SampleError) -> SampleError:
-        return SampleError(f"{self.manifest.path(i)}: {e}: replace or remove the file, or pass on_error='skip'")
+        return at_item(SampleError(f"{self.manifest.path(i)}: {e}: replace or remove the file, or pass "
+                                   "on_error='skip'"), i)
 
     def _target(self, i: int):
         label = int(self.manifest.labels[i])
@@ -365,6 +366,9 @@ class ImageFolder(CoordlDataset):
             except SampleError:
                 self._skip_or_raise()
                 continue
+            except Exception as e:  # not the item's fault; a prep worker's report names the item
+                at_item(e, i)
+                raise
             labels[row] = self.manifest.labels[i]
             if ids is not None:
                 ids[row] = i

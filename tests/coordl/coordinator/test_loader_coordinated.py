@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import struct
+import sys
 import warnings
 
 import msgpack
@@ -16,6 +17,8 @@ import coordl
 from coordl.coordinator import protocol as p
 from coordl.coordinator.client import status
 from coordl.coordinator.plan import Plan
+
+FAILING_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "failing_worker_serve.py")
 
 
 def _loader(root, served, batch_size=4, size=32, transform="train", seed=0, on_error="raise", **kw):
@@ -48,8 +51,8 @@ def test_batches_are_the_plan_with_the_local_pixels(tiny_root, serve):
     loader.coordinator.close()
 
 
-def test_pin_memory_gives_batches_of_their_own(tiny_root, serve):
-    served = serve(tiny_root)
+def test_pin_memory_gives_batches_of_their_own(tiny_root, shared_serve):
+    served = shared_serve
     views, copies = _loader(tiny_root, served), _loader(tiny_root, served, pin_memory=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # no accelerator here
@@ -88,8 +91,8 @@ def test_drop_last_and_len(tiny_root, serve):
     (dict(drop_last=True), ["drop_last=True (job) != the daemon's drop_last=False (--keep-last)",
                             "coordl serve --drop-last"]),
 ])
-def test_every_difference_that_changes_a_batch_is_refused_naming_it(tiny_root, serve, change, words):
-    served = serve(tiny_root)
+def test_every_difference_that_changes_a_batch_is_refused_naming_it(tiny_root, shared_serve, change, words):
+    served = shared_serve
     with pytest.raises(coordl.CoordinatorError) as err:
         _loader(tiny_root, served, **change)
     assert "differs from the coordinator in 1 thing that changes a batch" in str(err.value)
@@ -113,8 +116,8 @@ def test_all_differences_are_named_at_once(tiny_root, photo_root, serve):
     assert len(_loader(tiny_root, served, seed=3, on_error="skip", drop_last=True)) == 10  # the same: in
 
 
-def test_another_dataset_is_refused_by_fingerprint(tiny_root, photo_root, serve, tmp_path):
-    served = serve(tiny_root)
+def test_another_dataset_is_refused_by_fingerprint(tiny_root, photo_root, shared_serve, tmp_path):
+    served = shared_serve
     with pytest.raises(coordl.CoordinatorError, match="dataset fingerprint .* != .*same dataset folder"):
         _loader(photo_root, served)
     copy = str(tmp_path / "copy")
@@ -203,8 +206,8 @@ def test_epochs_run_out(tiny_root, serve):
     assert served.wait() == 0  # nobody attached, nothing left to serve
 
 
-def test_daemon_refuses_garbage_and_keeps_serving(tiny_root, serve):
-    served = serve(tiny_root)
+def test_daemon_refuses_garbage_and_keeps_serving(tiny_root, shared_serve):
+    served = shared_serve
 
     def exchange(payload: bytes) -> bytes:
         with socket.socket(socket.AF_UNIX) as s:
@@ -249,6 +252,7 @@ def test_a_bad_image_fails_its_batch_in_the_jobs_or_is_skipped(tiny_root, serve,
     loader = _loader(root, served, batch_size=8)
     got, errors = drain(loader)
     assert len(errors) == 1 and os.path.basename(broken) in errors[0] and got == 32
+    assert "could not be prepared by the coordinator: SampleError: " + broken in errors[0]
     # one epoch only: a daemon serving more would start preparing the next epoch (and skip
     # the broken file again) while this job is still reading the first
     skipping = serve(root, batch_size=8, on_error="skip", name="skip.sock", epochs=1)
@@ -261,6 +265,34 @@ def test_a_bad_image_fails_its_batch_in_the_jobs_or_is_skipped(tiny_root, serve,
     assert status(skipping.socket)["counters"]["errors_skipped"] == 1
     stats = loader.stats()
     assert stats["daemon_errors_skipped"] == 1 and stats["samples"] == 39 == stats["daemon_samples"]
+
+
+def test_an_internal_error_in_a_prep_worker_is_a_coordinator_error_with_its_traceback(tiny_root, serve):
+    # a bug (not a bad sample) in a prep worker: the job gets CoordinatorError with the worker's
+    # traceback and the item it was at; `except SampleError` (on_error's territory) does not hide it
+    served = serve(tiny_root, program=[sys.executable, FAILING_WORKER], batch_size=8, epochs=1)
+    loader = _loader(tiny_root, served, batch_size=8)
+    ds = coordl.ImageFolder(tiny_root, transform="train", size=32)
+    bad = Plan(40, 8, seed=0).order(0).tolist().index(5) // 8  # the batch that holds item 5
+    got, errors = 0, []
+    it = iter(loader)
+    while True:
+        try:
+            got += next(it)[0].shape[0]
+        except StopIteration:
+            break
+        except coordl.SampleError as e:  # pragma: no cover - the failure this test rules out
+            pytest.fail(f"an internal error came as a SampleError: {e}")
+        except coordl.CoordinatorError as e:
+            errors.append(str(e))
+    assert got == 32 and len(errors) == 1, errors
+    text = errors[0]
+    assert f"batch {bad} of epoch 0 could not be prepared by the coordinator: an internal error at " \
+           f"item 5 ({ds.manifest.path(5)}): RuntimeError: a bug in prep_into at item 5" in text
+    assert "The prep worker's traceback:\nTraceback (most recent call last):" in text
+    assert "failing_worker_serve.py" in text and "in prep_rows" in text  # the worker's frames
+    assert loader.stats()["failed_batches"] == 1
+    assert "a bug in prep_into at item 5" in served.log_text()  # logged by the daemon too
 
 
 @pytest.mark.parametrize("drop_last", [False, True])

@@ -9,6 +9,7 @@ import msgpack
 import pytest
 
 from coordl.coordinator import protocol as p
+from coordl.errors import SampleError, at_item
 
 
 def test_every_message_round_trips():
@@ -21,10 +22,57 @@ def test_every_message_round_trips():
         out += reader.feed(wire[i:i + 3])
     assert out == msgs
     replies = [p.Welcome(1, 2, "/dev/shm/x", 8, 64, 224, 10, None, 0, 0), p.Ready(3, 0, 1, 64),
-               p.EndOfEpoch(0), p.BatchFailed(3, "bad.jpg"), p.Detached("x"), p.ShuttingDown("y"),
+               p.EndOfEpoch(0), p.BatchFailed(3, "sample", "SampleError: bad.jpg", 7, "/d/bad.jpg", ""),
+               p.BatchFailed(4, "internal", "RuntimeError: x", None, "", "Traceback ..."),
+               p.Detached("x"), p.ShuttingDown("y"),
                p.StatusReply({"jobs": [{"job": 1}]}), p.Refused("no"), p.EpochStart(1, 10),
                p.Resumed(1, 3, 4)]
     assert p.FrameReader(p.TO_JOB, p.MAX_REPLY).feed(b"".join(m.encode() for m in replies)) == replies
+
+
+def test_failures_round_trip_from_worker_to_daemon_to_job():
+    # a worker's exception, as data: its kind, the item and file the dataset noted, the traceback
+    def prep(i):
+        raise at_item(SampleError(f"/d/cat/{i}.jpg: truncated"), i)
+
+    try:
+        prep(7)
+    except SampleError as e:
+        failure = p.Failure.from_exception(e, lambda i: f"/d/cat/{i}.jpg")
+    assert (failure.kind, failure.item, failure.file) == ("sample", 7, "/d/cat/7.jpg")
+    assert failure.error == "SampleError: /d/cat/7.jpg: truncated"
+    assert "Traceback (most recent call last)" in failure.traceback and "in prep" in failure.traceback
+    try:
+        {}["missing"]
+    except KeyError as e:
+        bug = p.Failure.from_exception(e, lambda i: "never asked")  # no item noted: none sent
+    assert (bug.kind, bug.item, bug.file, bug.error) == ("internal", None, "", "KeyError: 'missing'")
+    task = p.PrepTask(2, 9, 4, 8)
+    sent = [p.PrepFailed.of(task, failure), p.PrepFailed.of(task, bug)]
+    got = p.FrameReader(p.FROM_WORKER, p.MAX_REPLY).feed(b"".join(m.encode() for m in sent))
+    assert got == sent and [m.failure for m in got] == [failure, bug]
+    assert (got[0].slot, got[0].index, got[0].lo, got[0].hi) == (2, 9, 4, 8)
+    replies = [p.BatchFailed.of(9, f) for f in (failure, bug)]
+    got = p.FrameReader(p.TO_JOB, p.MAX_REPLY).feed(b"".join(m.encode() for m in replies))
+    assert got == replies and [m.failure for m in got] == [failure, bug]
+
+
+def test_a_long_traceback_keeps_its_end_and_a_bad_kind_is_refused():
+    try:
+        raise RuntimeError("the end of a long message " + "x" * 40000)
+    except RuntimeError as e:
+        failure = p.Failure.from_exception(e, str)
+    assert len(failure.traceback) == p.MAX_TRACEBACK and failure.traceback.endswith("xxx\n")
+    assert len(failure.error) == p.MAX_ERROR and failure.error.startswith("RuntimeError: the end of")
+    assert len(p.BatchFailed.of(0, failure).encode()) < p.MAX_REPLY
+    body = msgpack.packb({"type": "failed", "index": 1, "kind": "oops", "error": "x", "item": None,
+                          "file": "", "traceback": ""})
+    with pytest.raises(p.ProtocolError, match="failure kind 'oops' is not one of"):
+        p.FrameReader(p.TO_JOB, p.MAX_REPLY).feed(struct.pack(">I", len(body)) + body)
+    body = msgpack.packb({"type": "failed", "index": 1, "kind": "sample", "error": "x", "item": "7",
+                          "file": "", "traceback": ""})
+    with pytest.raises(p.ProtocolError, match="field 'item'"):
+        p.FrameReader(p.TO_JOB, p.MAX_REPLY).feed(struct.pack(">I", len(body)) + body)
 
 
 def test_strings_that_are_not_utf8_are_sent_printable():

@@ -203,7 +203,9 @@ def test_failed_batch_is_delivered_as_an_error_and_released():
     s.begin(a.id, 0)
     slot, index = s.to_prepare(0)
     assert s.next(a.id, 0) is None
-    assert s.failed(slot, "cat.jpg: truncated") == [(a.id, p.BatchFailed(0, "cat.jpg: truncated"))]
+    failure = p.Failure("sample", "SampleError: cat.jpg: truncated", 3, "cat.jpg", "Traceback ...")
+    assert s.failed(slot, failure) == [(a.id, p.BatchFailed(0, "sample", "SampleError: cat.jpg: truncated",
+                                                            3, "cat.jpg", "Traceback ..."))]
     assert s.slots.free_slot() is not None and s.slots.by_index == {}
 
 
