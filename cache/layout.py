@@ -86,8 +86,17 @@ def file_size(n_items: int, capacity: int) -> int:
     return data_offset(n_items) + capacity
 
 
+_CLOSED = np.zeros(0, np.int64)  # what the views of a closed segment become
+
+
 class Segment:
     """Views on one mapped segment file; `fd` is the process's open file (locks live on it)."""
+
+    head: np.ndarray        # the header, one record of HEADER
+    offsets: np.ndarray     # int64 per item: where its bytes start in the arena
+    lengths: np.ndarray     # int64 per item: 0 until published
+    checksums: np.ndarray   # uint64 per item
+    arena: memoryview       # the item bytes (empty when mapped without them, or closed)
 
     def __init__(self, fd: int, path: str, writable: bool = True, whole: bool = True) -> None:
         self.fd, self.path = -1, path  # owns `fd` only once it is constructed
@@ -107,7 +116,7 @@ class Segment:
         index = np.frombuffer(self.map, np.int64, 2 * n, offset=HEADER_BYTES)
         self.offsets, self.lengths = index[:n], index[n:]
         self.checksums = np.frombuffer(self.map, np.uint64, n, offset=HEADER_BYTES + 16 * n)
-        self.arena = memoryview(self.map)[self.data_offset:] if whole else None
+        self.arena = memoryview(self.map)[self.data_offset:] if whole else memoryview(b"")
         self.fd = fd
 
     def field(self, key: str):
@@ -183,14 +192,13 @@ class Segment:
 
     def close(self) -> None:
         """Unmap (unless the caller still holds views of item bytes: then when they go) and close fd."""
-        self.head = self.offsets = self.lengths = self.checksums = None
+        self.head = self.offsets = self.lengths = self.checksums = _CLOSED
         for buf in (self.arena, self.map):
             try:
-                if buf is not None:
-                    buf.release() if isinstance(buf, memoryview) else buf.close()
+                buf.release() if isinstance(buf, memoryview) else buf.close()
             except BufferError:
                 pass  # item views handed out by get() are alive: the mapping goes with the last one
-        self.arena = None
+        self.arena = memoryview(b"")
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
