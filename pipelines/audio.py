@@ -10,14 +10,15 @@ the transform and the item's generator (`pipelines/crop.py`'s `item_rng(seed, ep
 - ``"val"``: the centred window, offset ``(frames - length) // 2``.
 - A clip shorter than the window starts at sample 0 and is zero-padded at the end
   (both transforms).
-- A file at another sample rate is decoded whole and resampled with soxr (HQ)
-  to the target rate first; the window is then cut from the resampled clip.
-- At the target rate only the window's frames are decoded (a seek, then one
-  read), plus the last frame, so that a cut-short file is refused whatever
-  window was drawn; damage inside the file but outside the window is not seen
-  (soundfile itself would only see it when decoding those frames).
+- A file at another sample rate is resampled with soxr (HQ): the window is that
+  of the whole clip resampled to the target rate (offsets count target samples),
+  computed from the source frames under it plus a margin (`source_span`).
   Without soxr installed, such a file is refused with a `ConfigError` that names
   both rates and the fix.
+- Only the frames under the window are decoded (a seek, then one read), plus the
+  last frame, so that a cut-short file is refused whatever window was drawn;
+  damage inside the file but outside the window is not seen (soundfile itself
+  would only see it when decoding those frames).
 
 Pipelines know samples, never where bytes come from: errors raised here name
 the problem and leave the file name to the dataset (coordl/datasets/audio.py).
@@ -26,6 +27,7 @@ the problem and leave the file name to the dataset (coordl/datasets/audio.py).
 from __future__ import annotations
 
 import io
+import math
 import random
 
 import numpy as np
@@ -33,6 +35,9 @@ import numpy as np
 from coordl.errors import ConfigError, SampleError
 
 TRANSFORMS = ("train", "val")
+#: source context decoded either side of a window that is resampled (the filter's reach)
+MARGIN_SECONDS = 0.05
+MARGIN_FRAMES = 256
 
 
 def soundfile():
@@ -71,6 +76,31 @@ def window_offset(frames: int, length: int, transform: str, rng: random.Random |
     return (frames - length) // 2
 
 
+def source_span(frames: int, rate: int, sample_rate: int, offset: int, length: int) -> tuple[int, int, int]:
+    """The source frames [lo, hi) to decode for the window at `offset` (target rate), and where
+    the window starts in them once resampled (`skip`).
+
+    At the target rate that is the window itself. At another rate, the span reaches
+    `MARGIN_SECONDS` past the window either side (the resampling filter's context) and
+    starts on a source frame whose time is a whole number of target samples, so the
+    window equals the same window of the whole clip resampled (to float rounding;
+    tests/pipelines/test_audio.py checks 1e-6), at a fraction of the decode and resample.
+    """
+    if rate == sample_rate:
+        return offset, min(frames, offset + length), 0
+    step = rate // math.gcd(rate, sample_rate)
+    margin = max(MARGIN_FRAMES, int(MARGIN_SECONDS * rate))
+    lo = max(0, offset * rate // sample_rate - margin)
+    lo -= lo % step
+    hi = min(frames, -(-(offset + length) * rate // sample_rate) + margin)
+    return lo, hi, offset - lo * sample_rate // rate
+
+
+def resampled_frames(frames: int, rate: int, sample_rate: int) -> int:
+    """A clip's length once resampled (what soxr gives for the whole clip)."""
+    return frames if rate == sample_rate else round(frames * sample_rate / rate)
+
+
 def window(raw, sample_rate: int, length: int, transform: str, rng: random.Random | None,
            channels: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Item's window as float32 (channels, length), written into `out` when given.
@@ -82,31 +112,29 @@ def window(raw, sample_rate: int, length: int, transform: str, rng: random.Rando
     try:
         with sf.SoundFile(io.BytesIO(raw)) as f:
             rate, frames, file_channels = int(f.samplerate), int(f.frames), int(f.channels)
-            if rate == sample_rate:
-                offset = window_offset(frames, length, transform, rng)
-                want = min(length, frames - offset)
-                if offset:
-                    f.seek(offset)
-                data = f.read(want, dtype="float32", always_2d=True)
-                if offset + want < frames:  # the verdict on a cut-short file must not depend on the window
-                    f.seek(frames - 1)
-                    if len(f.read(1, dtype="float32")) != 1:
-                        raise SampleError(f"corrupt audio: the header promises {frames} frames and "
-                                          "the last one cannot be decoded (a cut-short file?)")
-            else:
-                data = f.read(dtype="float32", always_2d=True)
-                want = len(data)
+            if rate != sample_rate:
+                _need_soxr(rate, sample_rate)
+            offset = window_offset(resampled_frames(frames, rate, sample_rate), length, transform, rng)
+            lo, hi, skip = source_span(frames, rate, sample_rate, offset, length)
+            if lo:
+                f.seek(lo)
+            data = f.read(hi - lo, dtype="float32", always_2d=True)
+            if len(data) == hi - lo and hi < frames:  # a cut-short file is refused whatever the window
+                f.seek(frames - 1)
+                if len(f.read(1, dtype="float32")) != 1:
+                    raise SampleError(f"corrupt audio: the header promises {frames} frames and "
+                                      "the last one cannot be decoded (a cut-short file?)")
+    except (ConfigError, SampleError):
+        raise
     except sf.SoundFileError as e:
         raise SampleError(f"not a WAV/FLAC file soundfile can read ({_reason(e)})") from None
     except (RuntimeError, ValueError, TypeError) as e:
         raise SampleError(f"corrupt audio ({type(e).__name__}: {e})") from None
-    if len(data) != want:
+    if len(data) != hi - lo:
         raise SampleError(f"corrupt audio: the header promises {frames} frames and only "
-                          f"{len(data)} of the {want} asked for could be decoded")
+                          f"{len(data)} of the {hi - lo} asked for could be decoded")
     if rate != sample_rate:
-        data = resample(data, rate, sample_rate)
-        offset = window_offset(len(data), length, transform, rng)
-        data = data[offset:offset + length]
+        data = resample(data, rate, sample_rate)[skip:skip + length]
     data = _mix(data, file_channels, channels)
     if out is None:
         out = np.zeros((data.shape[1], length), dtype=np.float32)
@@ -116,16 +144,19 @@ def window(raw, sample_rate: int, length: int, transform: str, rng: random.Rando
     return out
 
 
-def resample(data: np.ndarray, rate: int, sample_rate: int) -> np.ndarray:
-    """(frames, channels) float32 from `rate` to `sample_rate` with soxr's HQ filter."""
-    soxr = _soxr()
-    if soxr is None:
+def _need_soxr(rate: int, sample_rate: int) -> None:
+    if _soxr() is None:
         raise ConfigError(f"a file at {rate} Hz needs resampling to sample_rate={sample_rate}, and "
                           "soxr is not installed: pip install 'coordl[audio]' (or pip install soxr), "
                           f"or convert the files to {sample_rate} Hz")
+
+
+def resample(data: np.ndarray, rate: int, sample_rate: int) -> np.ndarray:
+    """(frames, channels) float32 from `rate` to `sample_rate` with soxr's HQ filter."""
+    _need_soxr(rate, sample_rate)
     if len(data) == 0:
         return data
-    return np.ascontiguousarray(soxr.resample(data, rate, sample_rate, quality="HQ"), dtype=np.float32)
+    return _soxr().resample(data, rate, sample_rate, quality="HQ")
 
 
 def _mix(data: np.ndarray, have: int, want: int | None) -> np.ndarray:

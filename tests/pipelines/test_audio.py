@@ -133,3 +133,19 @@ def test_window_length_rounds_to_the_nearest_sample():
     assert audio.window_length(16000, 1.0) == 16000
     assert audio.window_length(22050, 0.5) == 11025
     assert audio.window_length(8000, 1e-9) == 1
+
+
+@pytest.mark.parametrize("rate", [8000, 11025, 22050, 44100, 48000])
+@pytest.mark.parametrize("transform", ["train", "val"])
+def test_a_resampled_window_equals_that_window_of_the_whole_clip_resampled(rate, transform):
+    """Only the frames under the window (and a margin) are decoded and resampled: same result."""
+    clip = noise(int(rate * 2.7) + 13, 2, seed=rate)
+    raw = encode(clip, rate)
+    whole = audio.resample(decoded(raw), rate, RATE)
+    assert len(whole) == audio.resampled_frames(len(clip), rate, RATE)
+    for item in range(4):
+        off = audio.window_offset(len(whole), RATE, transform, item_rng(1, 0, item))
+        got = audio.window(raw, RATE, RATE, transform, item_rng(1, 0, item))
+        np.testing.assert_allclose(got, whole[off:off + RATE].T, rtol=0, atol=1e-6)
+        lo, hi, _ = audio.source_span(len(clip), rate, RATE, off, RATE)
+        assert hi - lo < len(clip) * 0.6  # not the whole clip
