@@ -50,4 +50,6 @@ class TorchvisionStyleFolder(torch.utils.data.Dataset):
 def worker_init_fn(worker_id: int) -> None:
     """Give each worker its own augmentation stream (as torchvision's torch RNG does)."""
     info = torch.utils.data.get_worker_info()
-    info.dataset.rng = random.Random(f"{torch.initial_seed()}/{worker_id}")
+    if info is None:  # called outside a worker: nothing to seed
+        return
+    setattr(info.dataset, "rng", random.Random(f"{torch.initial_seed()}/{worker_id}"))  # noqa: B010 (typed Dataset)

@@ -69,7 +69,7 @@ def drop_cmd(name: str | None, drop_all: bool, directory: str) -> None:
     """Remove cache NAME (segment name or fingerprint prefix), or --all of them."""
     if (name is None) == (not drop_all):
         raise click.UsageError("give a cache NAME (see `coordl cache ls`) or --all, not both")
-    names = admin.drop_all(directory) if drop_all else [admin.drop(directory, name)]
+    names = admin.drop_all(directory) if drop_all or name is None else [admin.drop(directory, name)]
     for n in names:
         click.echo(f"dropped {n}")
     skipped = _skipped(directory, shm.PREFIX) if drop_all else 0

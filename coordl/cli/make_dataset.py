@@ -135,8 +135,8 @@ def _prepare(root: str, overwrite: bool) -> None:
         other = name if inside is None else next(
             (os.path.join(name, f) for f in inside if not _IMAGE.fullmatch(f)
              or not os.path.isfile(os.path.join(folder, f))), None)
-        if other is not None:
-            raise ConfigError(f"make-dataset --overwrite: {root!r} holds {other!r}, which "
+        if other is not None or inside is None:
+            raise ConfigError(f"make-dataset --overwrite: {root!r} holds {other or name!r}, which "
                               "make-dataset did not write (it writes class_NNNN/img_NNNNNNN.jpg): "
                               "--overwrite replaces only a dataset it made; move that away or "
                               "pass a new or empty folder")

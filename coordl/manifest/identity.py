@@ -58,7 +58,7 @@ import os
 
 import numpy as np
 
-from coordl.manifest.threads import spread_map
+from coordl.manifest.threads import spread_all
 
 FORMAT = 2
 SAMPLE_FILES = 1024          # files whose bytes the identity covers
@@ -90,7 +90,7 @@ def content_digest(paths: list[str], positions: np.ndarray, threads: int = 8) ->
     """sha256 of the sampled files' bytes (read by `threads` threads once the reads are seen
     waiting on storage: it pays when cold)."""
     h = hashlib.sha256()
-    for pos, data in zip(positions.tolist(), spread_map(_file_sample, paths, threads, name="coordl-sample")):
+    for pos, data in zip(positions.tolist(), spread_all(_file_sample, paths, threads, name="coordl-sample")):
         h.update(np.array([pos, len(data)], dtype=np.int64).tobytes())
         h.update(data)
     return h.digest()

@@ -205,7 +205,8 @@ _FILE_FIELDS = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino")
 
 def _checks(header: dict, root: str) -> list[tuple[str, tuple[str, ...], list]]:
     """(path, stat fields, recorded values) of every folder and sampled file (rules 2 and 3)."""
-    out = [(os.path.join(root, rel) if rel else root, _DIR_FIELDS, rec) for rel, *rec in header["dirs"]]
+    out: list[tuple[str, tuple[str, ...], list]] = [
+        (os.path.join(root, rel) if rel else root, _DIR_FIELDS, rec) for rel, *rec in header["dirs"]]
     out += [(os.path.join(root, rel), _FILE_FIELDS, rec) for rel, rec in header["sample"]]
     return out
 

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -59,6 +59,11 @@ class _Blocked:
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
+
+
+def spread_all(fn: Callable[[T], R], items: Sequence[T], threads: int, name: str = "coordl-manifest") -> list[R]:
+    """`spread_map` without `until`: every item's result is there (none is left None)."""
+    return cast("list[R]", spread_map(fn, items, threads, name=name))
 
 
 def spread_map(fn: Callable[[T], R], items: Sequence[T], threads: int,
@@ -99,7 +104,7 @@ def spread_map(fn: Callable[[T], R], items: Sequence[T], threads: int,
     try:
         while (i := take()) >= 0:
             one(i)
-            if mark is not None and not helpers and clock.blocked_since(mark):
+            if clock is not None and mark is not None and not helpers and clock.blocked_since(mark):
                 for k in range(threads - 1):
                     t = threading.Thread(target=helper, name=f"{name}-{k}", daemon=True)
                     try:

@@ -44,7 +44,7 @@ from operator import attrgetter
 import numpy as np
 
 from coordl.errors import DatasetError
-from coordl.manifest.threads import spread_map
+from coordl.manifest.threads import spread_all
 
 try:
     from coordl.manifest import _statnames
@@ -140,6 +140,9 @@ def _statx_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...] | None:
     object per file (os.stat builds a stat_result of 20 fields, and taking 4 columns out of
     them costs as much again as the stat's own Python work). None on any failure or a field
     missing: the caller stats the folder again with os.stat, which marks what it cannot stat."""
+    statx = _STATX
+    if statx is None:
+        return None
     k = len(names)
     buf = np.empty((k, 32), dtype=np.int64)
     base = buf.ctypes.data
@@ -152,7 +155,7 @@ def _statx_columns(fd: int, names: list[str]) -> tuple[np.ndarray, ...] | None:
         arg = (starts + np.frombuffer(joined, dtype=np.uint8).ctypes.data).tolist()
     else:
         arg = [n.encode("utf-8", "surrogateescape") for n in names]
-    rcs = list(map(_STATX, repeat(fd, k), arg, repeat(0, k), repeat(_STATX_BASIC, k),
+    rcs = list(map(statx, repeat(fd, k), arg, repeat(0, k), repeat(_STATX_BASIC, k),
                    range(base, base + 256 * k, 256)))
     if any(rcs) or not bool(((buf[:, 0] & _STATX_NEEDED) == _STATX_NEEDED).all()) \
             or not bool((buf[:, 4:6] >= 0).all()):
@@ -248,7 +251,7 @@ def walk(root: str, exts: tuple[str, ...] | None, is_valid_file: Callable[[str],
         raise DatasetError(
             f"dataset root {root!r} has no class sub-folders: ImageFolder expects root/<class>/<image>"
         )
-    parts = spread_map(lambda c: _walk_class(root, c, exts, is_valid_file), classes,
+    parts = spread_all(lambda c: _walk_class(root, c, exts, is_valid_file), classes,
                        min(threads, len(classes)), name="coordl-scan")
     counts = np.array([sum(len(x) for x in p[1]) for p in parts], dtype=np.int64)
     lengths = [x for p in parts for x in p[1]]

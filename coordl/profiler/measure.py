@@ -176,15 +176,16 @@ def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, step
         t1 = time.perf_counter()
     finally:
         bar.close()
-    if t0 is None or k + 1 < warmup + steps:
+    if t0 is None or c0 is None or k + 1 < warmup + steps:
         raise ConfigError(f"{desc}: only {k + 1} batches came, {warmup + steps} were needed: "
                           "pass a smaller --steps or --batch-size")
     busy = (c1 - c0) / (t1 - t0)
     if children is None:
         workers = 0.0
     else:  # nan: the workers' CPU could not be read (loader_rate falls back to RUSAGE_CHILDREN)
-        done = w1[1] - first[1] if first is not None and w1 is not None else 0
-        workers = (w1[0] - first[0]) / done if done > 0 else math.nan
+        workers = math.nan
+        if first is not None and w1 is not None and w1[1] > first[1]:
+            workers = (w1[0] - first[0]) / (w1[1] - first[1])
         busy = busy + (w1[0] - w0[0]) / (t1 - t0) if w0 is not None and w1 is not None else math.nan
     return Timed(samples, t1 - t0, (c1 - c0) / samples, workers, {}, busy)
 
@@ -215,7 +216,8 @@ def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache,
     ds = copy.copy(dataset)
     kw = {"cache": cache} if cache is not None else {"drop_page_cache": True}
     children0 = _cpu(resource.RUSAGE_CHILDREN)
-    loader = DataLoader(ds, batch_size=batch_size, sampler=items, num_workers=workers, **kw)
+    loader = DataLoader(ds, batch_size=batch_size, sampler=items, num_workers=workers,
+                        cache=kw.get("cache"), drop_page_cache=kw.get("drop_page_cache"))
     it = iter(loader)
     try:
         timed = train_rate(it, train_step, warmup, steps, batch_size, sync, desc, progress,
