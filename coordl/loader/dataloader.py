@@ -193,6 +193,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if coordl_ds and dataset.is_bound and cache is None and drop_page_cache is None:
             # a framework re-created the loader from loader.dataset: keep its counters and cache
             self._counters = dataset.counters
+            if num_workers > self._counters.workers:
+                raise ConfigError(
+                    f"num_workers={num_workers}: this dataset is a coordl.DataLoader's (loader.dataset), "
+                    f"whose counters have rows for {self._counters.workers} workers; pass num_workers<="
+                    f"{self._counters.workers}, or build this loader over your original dataset")
         elif coordl_ds:
             self._counters = Counters(num_workers)
             dataset = dataset.bind(counters=self._counters, **_cache_args(dataset, cache, drop_page_cache))

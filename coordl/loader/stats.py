@@ -1,16 +1,24 @@
 """Loader counters, summed over every worker process.
 
 The counters live in one small int64 tensor in shared memory, one row per
-process (row 0: the main process, row w+1: worker w), so that each process
-writes only its own row and no lock is needed. torch passes the tensor to
-worker processes by file descriptor when it pickles the dataset, and frees it
-when the last process drops it: there is no named segment to clean up.
+process: row 0 for the main process, row w+1 for worker w. A `Counters` is
+made for a number of workers (the loader's ``num_workers``); each process
+adds only to its own row, so no lock is needed between processes, and a
+worker whose id has no row (a loader built over ``loader.dataset`` with more
+workers than the loader that made the counters) is refused with
+`ConfigError` rather than counted into another process's row. Worker
+processes reach the tensor through the dataset: forked workers inherit its
+mapping, spawned ones receive it by file descriptor when torch pickles the
+dataset; it is freed when the last process drops it, so there is no named
+segment to clean up.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from coordl.errors import ConfigError
 
 #: Every key `DataLoader.stats()` reports, in row order.
 KEYS: tuple[str, ...] = (
@@ -32,11 +40,20 @@ _INDEX = {k: i for i, k in enumerate(KEYS)}
 
 
 class Counters:
-    """Per-process rows of cumulative counters in shared memory."""
+    """Per-process rows of cumulative counters in shared memory: the main process and
+    `num_workers` worker processes."""
 
     def __init__(self, num_workers: int) -> None:
-        self._table = torch.zeros((num_workers + 1, len(KEYS)), dtype=torch.int64).share_memory_()
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+            raise ConfigError(f"num_workers={num_workers!r} must be an int >= 0 (0: load in the main "
+                              "process)")
+        self._table = torch.zeros((int(num_workers) + 1, len(KEYS)), dtype=torch.int64).share_memory_()
         self._view: np.ndarray | None = None
+
+    @property
+    def workers(self) -> int:
+        """The worker processes these counters have a row for."""
+        return self._table.shape[0] - 1
 
     def __getstate__(self) -> dict:
         return {"_table": self._table, "_view": None}
@@ -45,8 +62,15 @@ class Counters:
         if self._view is None:
             self._view = self._table.numpy()
         info = torch.utils.data.get_worker_info()
-        row = 0 if info is None else info.id + 1
-        return self._view[min(row, self._view.shape[0] - 1)]
+        if info is None:
+            return self._view[0]
+        if info.id >= self.workers:
+            raise ConfigError(
+                f"worker {info.id} of {info.num_workers} has no row in these loader counters, made for "
+                f"num_workers={self.workers}: a loader built over a coordl.DataLoader's dataset "
+                f"(loader.dataset) may start at most that many workers. Pass num_workers<="
+                f"{self.workers} to it, or build a new coordl.DataLoader over your original dataset")
+        return self._view[info.id + 1]
 
     def add(self, **amounts: int) -> None:
         """Add to this process's row: ``counters.add(decodes=3, storage_bytes=n)``."""

@@ -8,6 +8,8 @@ import torch
 from torch.utils.data import IterableDataset, TensorDataset
 
 import coordl
+from coordl.batch import collate
+from coordl.loader.stats import Counters
 
 
 def _epoch(loader):
@@ -88,6 +90,26 @@ def test_stats_count_every_read_and_decode_over_workers(tiny_root):
     _epoch(loader)
     s2 = loader.stats()
     assert s2["storage_reads"] == 80 and s2["storage_bytes"] == 2 * total  # cumulative
+
+
+def test_counters_refuse_a_worker_they_have_no_row_for(tiny_root):
+    # a loader over a coordl.DataLoader's dataset with more workers than its counters have rows
+    # for is refused with the fix (before: the extra workers counted into the last row)
+    ds = coordl.ImageFolder(tiny_root, transform="val", size=32)
+    loader = coordl.DataLoader(ds, batch_size=8, num_workers=1)
+    with pytest.raises(coordl.ConfigError, match=r"num_workers=3: .* rows for 1 workers; pass num_workers<=1"):
+        coordl.DataLoader(loader.dataset, batch_size=8, num_workers=3)
+    assert len(list(coordl.DataLoader(loader.dataset, batch_size=8, num_workers=1))) == 5
+    wider = iter(torch.utils.data.DataLoader(loader.dataset, batch_size=8, num_workers=2, collate_fn=collate))
+    with pytest.raises(coordl.ConfigError, match=r"worker 1 of 2 has no row in these loader counters, made "
+                       r"for num_workers=1: .* Pass num_workers<=1"):
+        for _ in wider:
+            pass
+    del wider
+    gc.collect()  # the iterator and its workers (the exception's traceback held them)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(coordl.ConfigError, match=f"num_workers={bad!r} must be an int >= 0"):
+            Counters(bad)
 
 
 def test_drop_in_on_tensor_dataset_with_every_argument():
