@@ -49,7 +49,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from coordl.errors import ConfigError, SampleError, at_item
+from coordl.datasets import daliflow
+from coordl.errors import ConfigError
 
 from . import protocol as p
 from .plan import Plan
@@ -116,40 +117,19 @@ class DaliRows:
         return self._prep
 
     def __call__(self, items, epoch: int, images, labels, ids) -> int:
+        """The one DALI flow (coordl/datasets/daliflow.py), its rows straight into `images`."""
         ds = self.dataset
         prep = self._pipeline()
-        raws, fetched = [], []
-        for i in items:
-            i = int(i)
-            try:
-                raws.append(ds.fetch(i))  # its SampleError names the file already
-            except SampleError:
-                self._skip_or_raise(None)
-                continue
-            fetched.append(i)
-        ds.counters.add(decodes=len(fetched))
+        raws, fetched = daliflow.fetch(ds, items)
         try:
             kept, errors = prep.prep_into(raws, fetched, epoch, images) if fetched else ([], {})
         except Exception:
             self._prep = None  # a failure Prep does not recover from itself: a new pipeline next time
             raise
-        for pos in sorted(errors):
-            err = SampleError(f"{ds.manifest.path(fetched[pos])}: {errors[pos]}: replace or remove the "
-                              "file, or pass on_error='skip'")  # as the CPU's
-            self._skip_or_raise(at_item(err, fetched[pos]))
-        for row, pos in enumerate(kept):
-            labels[row] = ds.manifest.labels[fetched[pos]]
-            ids[row] = fetched[pos]
-        ds.counters.add(samples=len(kept))
-        return len(kept)
-
-    def _skip_or_raise(self, err: SampleError | None) -> None:
-        """Raise `err` (None: the SampleError being handled), or count it with on_error="skip"."""
-        if self.dataset.on_error != "skip":
-            if err is None:
-                raise  # noqa: PLE0704 (called from an except block when err is None)
-            raise err
-        self.dataset.counters.add(errors_skipped=1)
+        rows = daliflow.settle(ds, fetched, kept, errors)
+        labels[:len(rows)] = daliflow.labels_of(ds, rows)
+        ids[:len(rows)] = rows
+        return len(rows)
 
 
 def row_maker(backend: str, dataset, batch_size: int, dali_device: str = "cpu") -> Callable:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from coordl.batch import PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
 from coordl.cache.forkguard import ForkGuard
+from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
 from coordl.errors import ConfigError, CoordinatorError, SampleError, at_item
 from coordl.loader.stats import Counters
 from coordl.datasets import sources
@@ -243,8 +245,7 @@ class ImageFolder(CoordlDataset):
             raw = storage.read_file(path, drop_page_cache=self.drop_page_cache) if pending is None \
                 else pending.result()
         except OSError as e:
-            raise at_item(SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that "
-                                      "it exists and is readable, or pass on_error='skip'"), i) from None
+            raise at_item(sample_error(path, f"cannot read the file ({e.strerror or e})", READABLE), i) from None
         self.counters.add(storage_reads=1, storage_bytes=len(raw))
         if cache is not None and cache.put(i, raw):
             self.counters.add(cache_inserts=1)
@@ -273,8 +274,7 @@ class ImageFolder(CoordlDataset):
             raise self._sample_error(i, e) from None
 
     def _sample_error(self, i: int, e: SampleError) -> SampleError:
-        return at_item(SampleError(f"{self.manifest.path(i)}: {e}: replace or remove the file, or pass "
-                                   "on_error='skip'"), i)
+        return at_item(sample_error(self.manifest.path(i), e), i)
 
     def _target(self, i: int):
         label = int(self.manifest.labels[i])
@@ -363,8 +363,8 @@ class ImageFolder(CoordlDataset):
                 if raw is None:
                     raw = self.fetch(i) if hits is None else self._read(i, pending.pop(i, None))
                 self.prep_into(raw, i, epoch, images[row])
-            except SampleError:
-                self._skip_or_raise()
+            except SampleError as e:
+                skip_or_raise(self.on_error, self.counters, e)
                 continue
             except Exception as e:  # not the item's fault; a prep worker's report names the item
                 at_item(e, i)
@@ -400,15 +400,16 @@ class ImageFolder(CoordlDataset):
     def _try(self, work: Callable[[], Any]) -> Any:
         try:
             return work()
-        except SampleError:
-            self._skip_or_raise()
+        except SampleError as e:
+            skip_or_raise(self.on_error, self.counters, e)
             return None
 
     def _skip_or_raise(self) -> None:
-        """Inside an `except SampleError`: re-raise it, or count it under on_error="skip"."""
-        if self.on_error == "raise":
-            raise  # noqa: PLE0704 (always called from an except block)
-        self.counters.add(errors_skipped=1)
+        """Inside an `except SampleError`: re-raise it, or count it under on_error="skip"
+        (coordl/datasets/onerror.py)."""
+        err = sys.exc_info()[1]
+        assert isinstance(err, SampleError), "called only from an except SampleError block"
+        skip_or_raise(self.on_error, self.counters, err)
 
     def __repr__(self) -> str:
         return (f"ImageFolder(root={self.root!r}, items={len(self)}, classes={len(self.classes)}, "

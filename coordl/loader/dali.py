@@ -1,7 +1,7 @@
 """The DALI backend of `coordl.DataLoader(dataset, ..., backend="dali")`: one epoch's batches.
 
     sampler ────────────────> batches of indices (each with its .epoch; the loader's index sampler)
-    dataset.fetch(i) ───────> encoded bytes (MinIO cache, then storage; counted)
+    dataset.fetch(i) ───────> encoded bytes (MinIO cache, then storage; counted: datasets/daliflow.py)
     pipelines/dali.Prep ────> DALI decode + crop + resize + flip, `depth` batches in flight
                         ───> Batch([images uint8 (B, 3, H, W), labels int64 (B,)])
 
@@ -34,7 +34,9 @@ from typing import Any
 import torch
 
 from coordl.batch import Batch, collate
-from coordl.errors import ConfigError, SampleError
+from coordl.datasets import daliflow
+from coordl.datasets.imagefolder import CoordlDataset
+from coordl.errors import ConfigError
 from coordl.pipelines import dali
 from coordl.pipelines.dali import gpu_count  # noqa: F401 (coordl.loader.dali.gpu_count, as before)
 
@@ -50,10 +52,9 @@ def dali_threads(num_workers: int) -> int:
 
 
 def _check(loader, ds) -> None:
-    missing = [a for a in ("fetch", "manifest", "transform", "size", "seed", "on_error") if not hasattr(ds, a)]
-    if missing:
-        raise ConfigError(f"backend='dali' needs a coordl.ImageFolder-like dataset; "
-                          f"{type(ds).__name__} has no {', '.join(missing)}: use coordl.ImageFolder")
+    if not isinstance(ds, CoordlDataset) or getattr(ds, "manifest", None) is None:
+        raise ConfigError(f"backend='dali' needs a coordl dataset over a manifest of files; "
+                          f"{type(ds).__name__} is not one: use coordl.ImageFolder")
     if ds.transform not in dali.TRANSFORMS:
         raise ConfigError(f"backend='dali' runs transform='train' or 'val'; the dataset has "
                           f"transform={ds.transform!r}: use one of them, or the CPU backend")
@@ -141,22 +142,12 @@ class DaliEpoch(Iterator):
         indices = next(batches, None)
         if indices is None:
             return False
-        raws, items = [], []
-        for i in indices:
-            raw = self._try(int(i), lambda i=i: self._ds.fetch(int(i)))
-            if raw is not None:
-                raws.append(raw)
-                items.append(int(i))
-        self._ds.counters.add(decodes=len(items))
+        raws, items = daliflow.fetch(self._ds, indices)
         prep.submit(raws, items, int(getattr(indices, "epoch", 0)), tag=items)
         return True
 
     def _finish(self, result: dali.Result) -> tuple[torch.Tensor, Any]:
-        items = result.tag
-        for pos, err in result.errors.items():
-            self._try(items[pos], None, err)
-        kept = [items[pos] for pos in result.kept]
-        self._ds.counters.add(samples=len(kept))
+        kept = daliflow.settle(self._ds, result.tag, result.kept, result.errors)
         size = self._ds.size
         if not kept:
             images = torch.empty((0, 3, size, size), dtype=torch.uint8)
@@ -173,23 +164,8 @@ class DaliEpoch(Iterator):
     def _labels(self, kept: list[int]):
         ds = self._ds
         if getattr(ds, "target_transform", None) is None:
-            return torch.from_numpy(ds.manifest.labels[kept].astype("int64", copy=False))
+            return torch.from_numpy(daliflow.labels_of(ds, kept))
         return torch.utils.data.default_collate([ds.target_transform(int(ds.manifest.labels[i])) for i in kept])
-
-    def _try(self, item: int, work, err: SampleError | None = None):
-        """`work()`, or handle `err`: raise it naming the file, or (on_error="skip") count it."""
-        if err is None:
-            try:
-                return work()
-            except SampleError as e:
-                err = e
-        if self._ds.on_error != "skip":
-            path = self._ds.manifest.path(item)
-            msg = str(err) if str(err).startswith(path) else \
-                f"{path}: {err}: replace or remove the file, or pass on_error='skip'"
-            raise SampleError(msg) from None
-        self._ds.counters.add(errors_skipped=1)
-        return None
 
 
 def dali_epoch(loader, sampler, dataset, position=None, device: str | None = None) -> DaliEpoch:
