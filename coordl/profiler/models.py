@@ -32,6 +32,9 @@ _STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 class Normalize(nn.Module):
     """uint8 (B, 3, H, W) -> float, ImageNet mean and std."""
 
+    mean: torch.Tensor  # buffers, registered below
+    std: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
@@ -106,7 +109,7 @@ def build(name: str, num_classes: int) -> nn.Module:
 def train_step_for(model: nn.Module, device: torch.device | str, lr: float = 0.01) -> Callable:
     """A train step for `model` (uint8 in) on `device`: forward, cross-entropy, backward, SGD."""
     device = torch.device(device)
-    model = model.to(device).to(memory_format=torch.channels_last).train()
+    model = model.to(device).to(memory_format=torch.channels_last).train()  # pyright: ignore[reportCallIssue]
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
     def train_step(batch) -> torch.Tensor:
