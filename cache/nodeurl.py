@@ -88,6 +88,23 @@ def _speaks_tls(host: str, port: int) -> bool:
         return False
 
 
+def _refuses_without_client_cert(host: str, port: int) -> bool:
+    """Does the TLS server at host:port drop a client that shows no certificate (tls-auth-clients)?
+    Under TLS 1.3 that shows only after the handshake, as an alert or an EOF on the first read."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=2.0) as raw, \
+                ctx.wrap_socket(raw, server_hostname=host) as s:
+            s.sendall(b"PING\r\n")
+            reply = s.recv(64)
+    except ssl.SSLError as e:
+        return "certificate required" in str(e).lower() or "eof" in str(e).lower()
+    except OSError:
+        return False
+    return reply == b""
+
+
 def _auth_failed(exc: Exception) -> bool:
     text = str(exc)
     return type(exc).__name__ == "AuthenticationError" or any(
@@ -116,7 +133,8 @@ def tls_problem(url: str, exc: Exception) -> str | None:
                     f"certificate lists (subjectAltName), or reissue it for {host}")
         return ("TLS: the server's certificate is not signed by a CA this client trusts (or the server does "
                 "not trust the client's): pass ssl_ca_certs= (--tls-ca) the CA file that signed it")
-    if "certificate required" in text or "handshake failure" in text or "bad certificate" in text:
+    if ("certificate required" in text or "handshake failure" in text or "bad certificate" in text
+            or (parts.scheme == "rediss" and _refuses_without_client_cert(host, port))):
         return ("TLS: the server requires a client certificate (tls-auth-clients) signed by its CA: pass "
                 "ssl_certfile= and ssl_keyfile= (--tls-cert/--tls-key of `coordl cache-node status`)")
     return None

@@ -57,7 +57,7 @@ SAFE_POLICIES = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random"
 _LOOPBACK = ("localhost",)
 #: What an ACL user of `coordl cache-node start --user` may run: PartitionedCache's reads, admission
 #: script (and the commands inside it), node checks, membership record, stats, drop, and status.
-ACL_COMMANDS = ("ping", "auth", "hello", "select", "client|setinfo", "client|setname", "info", "get", "mget",
+ACL_COMMANDS = ("ping", "auth", "hello", "select", "client|setname", "info", "get", "mget",
                 "set", "exists", "type", "hget", "hmget", "hgetall", "hincrby", "hsetnx", "scan", "unlink",
                 "evalsha", "eval", "script|load", "script|exists")
 
