@@ -10,6 +10,7 @@ from typing import Any
 
 from coordl.cache import minio
 from coordl.cache.sizes import parse_size
+from coordl.datasets.imagefolder import CoordlDataset
 from coordl.errors import ConfigError
 
 __all__ = ["MinIOCache", "cache_for", "dataset_bytes", "parse_size"]
@@ -27,9 +28,9 @@ def cache_for(dataset: Any, cache: Any) -> Any:
     dataset that exists with another capacity is replaced when no process uses it, else
     `CacheError` names both sizes (see `coordl.cache.minio`, NOTE [capacity]).
     """
-    fingerprint = getattr(dataset, "fingerprint", None)
+    fingerprint = getattr(dataset, "fingerprint", None) if isinstance(dataset, CoordlDataset) else None
     if not isinstance(fingerprint, str):
-        raise ConfigError(f"cache= needs a dataset with a `fingerprint` (e.g. coordl.ImageFolder); "
+        raise ConfigError(f"cache= needs a coordl dataset with a `fingerprint` (e.g. coordl.ImageFolder); "
                           f"{type(dataset).__name__} has none: pass cache=None")
     if isinstance(cache, (int, str)) and not isinstance(cache, bool):
         cache = MinIOCache(parse_size(cache, "cache"))

@@ -269,3 +269,18 @@ def test_two_loaders_on_one_dataset_keep_their_own_counters_and_caches(own_root,
     with pytest.raises(coordl.CacheError, match="closed or dropped"):
         cached.dataset.fetch(0)
     assert ds.fetch(0) == _read(ds, 0)                        # the user's dataset reads storage
+
+
+def test_cache_for_asks_the_class_not_the_attributes(tiny_root):
+    from coordl.loader.caching import cache_for
+
+    real = coordl.ImageFolder(tiny_root, transform="val", size=32)
+
+    class Lookalike:  # a fingerprint, a manifest and a root: still not a coordl dataset
+        fingerprint, manifest, root = real.fingerprint, real.manifest, real.root
+
+        def __len__(self) -> int:
+            return len(real)
+
+    with pytest.raises(coordl.ConfigError, match="cache= needs a coordl dataset.*Lookalike"):
+        cache_for(Lookalike(), "1MiB")
