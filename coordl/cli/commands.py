@@ -69,13 +69,14 @@ def make_dataset_cmd(directory, images, classes, size, quality, seed, large_frac
     """Write a deterministic ImageNet-like JPEG folder DIRECTORY/<class>/<image>.jpg.
 
     DIRECTORY must be new or empty (or hold an earlier make-dataset output, with --overwrite)."""
-    from coordl.cli.make_dataset import make_dataset, parse_size
+    from coordl.cache.sizes import fmt_mib
+    from coordl.cli.make_dataset import make_dataset, parse_dims
 
     t0 = time.perf_counter()
-    total = make_dataset(directory, images, classes, parse_size(size), quality, seed,
-                         large_fraction, parse_size(large_size), workers, overwrite=overwrite)
+    total = make_dataset(directory, images, classes, parse_dims(size), quality, seed,
+                         large_fraction, parse_dims(large_size), workers, overwrite=overwrite)
     click.echo(f"wrote {images} images in {classes} classes to {directory}: "
-               f"{total / 2**20:.1f} MiB, mean {total / images / 1024:.1f} KiB/image, "
+               f"{fmt_mib(total)}, mean {total / images / 1024:.1f} KiB/image, "
                f"{time.perf_counter() - t0:.1f} s")
 
 

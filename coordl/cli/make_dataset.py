@@ -31,7 +31,7 @@ _IMAGE = re.compile(r"img_\d{7}\.jpg")
 _OCTAVES = ((3, 1.0), (6, 0.77), (12, 0.63), (24, 0.5), (48, 0.4), (96, 0.32), (192, 0.25))
 
 
-def parse_size(text: str) -> tuple[int, int]:
+def parse_dims(text: str) -> tuple[int, int]:
     """'500x375' -> (500, 375)."""
     try:
         w, h = (int(v) for v in text.lower().split("x"))
