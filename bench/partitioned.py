@@ -169,7 +169,8 @@ def local_reads(args) -> dict:
         from coordl.cache import redisnode
         redisnode.wait_ready(f"redis://127.0.0.1:{port}/0", proc)
         tcp = coordl.PartitionedCache([f"redis://127.0.0.1:{port}/0"], 0).open(ds.fingerprint, len(ds))
-        uds = coordl.PartitionedCache([f"unix://{sock}"], 0).open(ds.fingerprint, len(ds))
+        uds = coordl.PartitionedCache([f"unix://{sock}"], 0,  # the same node by another name: its own list
+                                      membership="update").open(ds.fingerprint, len(ds))
         minio.open(ds.fingerprint, len(ds))
         for i, raw in zip(items, raws):
             tcp.put(i, raw)

@@ -147,6 +147,13 @@ class PartitionedCache:
             on each node (None: as much as the server's ``maxmemory`` allows).
         timeout: seconds a node may take to connect or answer before it is skipped.
         retry_after: seconds a node that failed is skipped before it is tried again.
+        membership: 'check' (default): every node must belong to this node list (its
+            ``coordl:members`` record, written by the first cache that connects; cache/membership.py),
+            else ConfigError naming the difference; 'update': rewrite that record to this list
+            (after adding, removing or replacing a node, between epochs, on one rank).
+        ssl_ca_certs, ssl_certfile, ssl_keyfile: for ``rediss://`` nodes: the CA that signed the
+            nodes' certificates (default: the system's CAs), and the client certificate and key
+            for nodes that require one (mutual TLS).
 
     Construction connects to every node and raises `coordl.ConfigError` naming the
     URL and the fix for a wrong password, an unknown host, a closed port, a server
