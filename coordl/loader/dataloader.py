@@ -51,7 +51,7 @@ from coordl.buffers import EXTRA_SLOTS, TSO_MACHINES, check_platform
 from coordl.coordinator.client import connect
 from coordl.datasets.imagefolder import CoordlDataset
 from coordl.errors import ConfigError
-from coordl.loader import resume
+from coordl.loader import elastic, resume
 from coordl.loader.caching import cache_for
 from coordl.loader.iterators import MultiIter, Position, SingleIter
 from coordl.loader.sampling import EpochBatch, EpochIndex, PlanSampler, check_rank, plan_sampler
@@ -287,6 +287,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             plan = self._plan
             sampler = PlanSampler(plan.items, plan.seed, plan.shuffle, rank, world, self.drop_last)
             sampler.set_epoch(plan.epoch)
+            sampler.rests = plan.rests  # the same dict: an elastic resume's rest of an epoch (elastic.py)
             batches = BatchSampler(sampler, self.batch_size, self.drop_last) if self._auto_collation else sampler
             self._rank_cache = ((rank, world), (sampler, batches))
             cached = self._rank_cache[1]
@@ -334,6 +335,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._coordinator.set_epoch(epoch)
             return
         self._next_epoch, self._skip = int(epoch), 0
+        if self._plan is not None:
+            self._plan.rests.clear()  # epoch `epoch` whole, not what a loaded state left of it
 
     def __len__(self) -> int:
         coordinator = getattr(self, "_coordinator", None)
@@ -361,8 +364,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         pos = self._position
         self._epoch_skip, self._skip = self._skip, 0
         pos.epoch, pos.received, pos.active = self.epoch, self._epoch_skip, True
+        self._set_sampler_epoch(self.epoch)  # before len: a resumed epoch's length is its rest's
         pos.length = len(self) if not isinstance(self.dataset, IterableDataset) else None
-        self._set_sampler_epoch(self.epoch)
         if self._coordl_dataset:
             self.dataset.set_epoch(self.epoch)
         if self.backend == "dali":
@@ -417,13 +420,28 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         pos = self._position
         if pos.unfinished:
             rng = self._sampler_rng.saved if self._sampler_rng is not None else None
-            return resume.make_state(self._identity(), pos.epoch, pos.received, rng)
-        return resume.make_state(self._identity(), self._next_epoch, 0, None)
+            rest = self._plan.rests.get(pos.epoch) if self._plan is not None else None
+            return resume.make_state(self._identity(), pos.epoch, pos.received, rng, self.rank,
+                                     rest[1] if rest is not None else [])
+        return resume.make_state(self._identity(), self._next_epoch, 0, None, self.rank)
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue where `state` (from `state_dict`) left off, from the next ``iter(loader)``."""
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        """Continue where `state` (from `state_dict`) left off, from the next ``iter(loader)``.
+
+        Over coordl's own plan, `state` may also come from a job of another world size: the list of
+        its ranks' states (states[r] from rank r; exact), a `coordl.merge_states` of them, or one
+        rank's state (every rank taken to be at its batch, as in DDP): the rest of the epoch is
+        re-split over this job's ranks (elastic resume, coordl/loader/elastic.py)."""
         if self._coordinator is not None:
             self._coordinator.load_state_dict(state)
+            return
+        if self._plan is not None:
+            point = elastic.resume_point(elastic.merge_states(state) if isinstance(state, list) else state,
+                                         self._identity())
+            self._next_epoch, self._skip = point.epoch, point.skip
+            self._plan.rests.clear()
+            if point.rest is not None:
+                self._plan.rests[point.epoch] = (point.rest, point.stages)
             return
         length = None if isinstance(self.dataset, IterableDataset) else len(self)
         epoch, batches, rng = resume.check_state(state, self._identity(), length)

@@ -6,11 +6,18 @@ never what workers prefetched, and it names what the remaining batches depend
 on, so that a state cannot be loaded into a loader that would yield other
 batches:
 
-    {"version": 1, "epoch": 3, "batches": 17,
+    {"version": 1 | 2, "epoch": 3, "batches": 17, "rank": 1 | null,
      "identity": {"dataset": "<fingerprint or type>", "items": 50000, "seed": 0,
                   "batch_size": 256, "drop_last": false, "shuffle": true,
                   "world_size": 3},
-     "sampler": null | {"seed": 12345} | {"generator_state": "<base64>"}}
+     "sampler": null | {"seed": 12345} | {"generator_state": "<base64>"},
+     "consumed": [{"world_size": 2, "batches": [40, 38]}, ...]}
+
+``consumed`` lists what earlier jobs of another world size read of this epoch before
+this one resumed it (elastic resume, coordl/loader/elastic.py); it is [] otherwise. A
+state with stages there is version 2, so that a coordl without elastic resume refuses it
+rather than misreading it; the others stay version 1 (a state without ``rank`` and
+``consumed``, as saved before, reads as rank unknown and nothing consumed).
 
 For a coordl dataset the rest of the epoch is a pure function of (seed, epoch)
 (coordl/loader/sampling.py, pipelines/crop.py item_rng), so resuming is exact for any
@@ -32,12 +39,16 @@ import torch
 
 from coordl.errors import ConfigError
 
-VERSION = 1
+VERSION = 1          # a state as any coordl since resume began reads it
+ELASTIC_VERSION = 2  # a state with ``consumed`` stages: a coordl before elastic resume refuses it
+_READS = (VERSION, ELASTIC_VERSION)
 
 
-def make_state(identity: dict, epoch: int, batches: int, sampler: dict | None) -> dict:
-    return {"version": VERSION, "epoch": int(epoch), "batches": int(batches),
-            "identity": dict(identity), "sampler": sampler}
+def make_state(identity: dict, epoch: int, batches: int, sampler: dict | None,
+               rank: int | None = None, consumed: list | None = None) -> dict:
+    return {"version": ELASTIC_VERSION if consumed else VERSION, "epoch": int(epoch),
+            "batches": int(batches), "rank": rank,
+            "identity": dict(identity), "sampler": sampler, "consumed": list(consumed or [])}
 
 
 _FIX = "pass what loader.state_dict() returned, unchanged (JSON round trips are fine)"
@@ -59,12 +70,17 @@ def _same(saved: Any, value: Any) -> bool:
     return type(saved) is type(value) and saved == value
 
 
-def _check_identity(saved: Any, identity: dict) -> None:
+def _check_identity(saved: Any, identity: dict, elastic: bool = False) -> None:
     if not isinstance(saved, dict):
         raise ConfigError(f"load_state_dict: identity={saved!r} ({type(saved).__name__}) must "
                           f"be a dict with the keys {sorted(identity)}: {_FIX}")
+    if elastic:  # another world size is fine: the epoch is re-split (coordl/loader/elastic.py)
+        _int("identity['world_size']", saved.get("world_size"), 1)
     diffs = [f"{k}: saved {saved.get(k, '<missing>')!r}, this loader {v!r}"
-             for k, v in identity.items() if not _same(saved.get(k), v)]
+             for k, v in identity.items() if not (elastic and k == "world_size") and not _same(saved.get(k), v)]
+    if not elastic and "world_size" in identity and not _same(saved.get("world_size"), identity["world_size"]):
+        diffs.append("a state of another world size loads only into a loader over coordl's own plan "
+                     "(a coordl dataset without your own sampler or generator)")
     if diffs:
         raise ConfigError("load_state_dict: the state comes from a loader that yields other batches ("
                           + "; ".join(diffs) + "): build the loader as the saved one was built, "
@@ -93,23 +109,40 @@ def _check_sampler(saved: Any) -> dict | None:
                       f"{{'seed': int}} or {{'generator_state': base64 str}}: {_FIX}")
 
 
-def check_state(state: Any, identity: dict,
-                batches_per_epoch: int | None = None) -> tuple[int, int, dict | None]:
+def check_version(state: Any, where: str = "state") -> None:
+    """ConfigError unless `state` is a dict of a version this coordl reads, with its fields."""
+    if not isinstance(state, dict) or "version" not in state:
+        raise ConfigError(f"load_state_dict: {type(state).__name__} is not a coordl.DataLoader {where}: "
+                          "pass what loader.state_dict() returned (a dict, e.g. loaded from JSON), or "
+                          "a list of every rank's states")
+    if not any(_same(state["version"], v) for v in _READS):
+        raise ConfigError(f"load_state_dict: {where} version {state['version']!r} is not known to this "
+                          f"coordl (it reads version {VERSION}, and {ELASTIC_VERSION} for an elastic resume): "
+                          "resume with the coordl that saved it")
+    missing = [k for k in ("epoch", "batches", "identity") if k not in state]
+    if missing:
+        raise ConfigError(f"load_state_dict: the {where} has no {', '.join(map(repr, missing))}: {_FIX}")
+    if state.get("consumed") and _same(state["version"], VERSION):
+        raise ConfigError(f"load_state_dict: a {where} of version {VERSION} has no consumed stages "
+                          f"(consumed={str(state['consumed'])[:60]}): {_FIX}")
+
+
+def check_state(state: Any, identity: dict, batches_per_epoch: int | None = None,
+                elastic: bool = False) -> tuple[int, int, dict | None]:
     """(epoch, batches received, sampler state) of `state`, or ConfigError naming the field.
 
     Every field is checked for its type and range (a bool is not an int here), `batches`
     against `batches_per_epoch` when the loader knows it (the epoch's last batch received
-    is legal: the next epoch follows), and the identity against this loader's."""
-    if not isinstance(state, dict) or "version" not in state:
-        raise ConfigError(f"load_state_dict: {type(state).__name__} is not a coordl.DataLoader state: "
-                          "pass what loader.state_dict() returned (a dict, e.g. loaded from JSON)")
-    if not _same(state["version"], VERSION):
-        raise ConfigError(f"load_state_dict: state version {state['version']!r} is not known to this "
-                          f"coordl (it reads version {VERSION}): resume with the coordl that saved it")
-    missing = [k for k in ("epoch", "batches", "identity") if k not in state]
-    if missing:
-        raise ConfigError(f"load_state_dict: the state has no {', '.join(map(repr, missing))}: {_FIX}")
-    _check_identity(state["identity"], identity)
+    is legal: the next epoch follows), and the identity against this loader's. With
+    `elastic`, the saved world size may differ and ``consumed`` is left to the caller
+    (coordl/loader/elastic.py); without, a state with ``consumed`` stages is refused."""
+    check_version(state)
+    _check_identity(state["identity"], identity, elastic)
+    if not elastic and state.get("consumed"):
+        raise ConfigError(f"load_state_dict: consumed={str(state['consumed'])[:80]!r}: this state "
+                          "resumes an epoch split by another world size, which only a local "
+                          "coordl.DataLoader over coordl's own plan loads (not a coordinated loader, "
+                          "nor one with your own sampler)")
     epoch = _int("epoch", state["epoch"], 0)
     batches = _int("batches", state["batches"], 0, batches_per_epoch,
                    " (the batches per epoch of this loader)")

@@ -108,13 +108,24 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         self.items, self.seed, self.shuffle = int(items), int(seed), bool(shuffle)
         self.rank, self.world_size, self.drop_last = rank, world_size, bool(drop_last)
         self.epoch = 0
+        # epoch -> (positions of its order still to read, the stages that read the others): an epoch
+        # resumed from another job's states (coordl/loader/elastic.py). Shared by the loader's plan
+        # and rank samplers (the same dict object), set by load_state_dict.
+        self.rests: dict[int, tuple[np.ndarray, list]] = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
+    def order(self, epoch: int) -> np.ndarray:
+        """The global order of `epoch` this sampler splits: the plan's, or of an epoch resumed
+        from another job, the part of it that job had not read (`rests`)."""
+        order = epoch_order(self.items, self.seed, epoch, self.shuffle)
+        rest = self.rests.get(epoch)
+        return order if rest is None else order[rest[0]]
+
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's items of `epoch` (default: the current one), in order."""
-        order = epoch_order(self.items, self.seed, self.epoch if epoch is None else epoch, self.shuffle)
+        order = self.order(self.epoch if epoch is None else epoch)
         return rank_share(order, self.rank, self.world_size, self.drop_last)
 
     def __iter__(self):
@@ -122,7 +133,8 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         return (EpochIndex(i, epoch) for i in self.indices().tolist())
 
     def __len__(self) -> int:
-        return share_size(self.items, self.world_size, self.drop_last)
+        rest = self.rests.get(self.epoch)
+        return share_size(self.items if rest is None else len(rest[0]), self.world_size, self.drop_last)
 
     def __repr__(self) -> str:
         return (f"PlanSampler(items={self.items}, seed={self.seed}, shuffle={self.shuffle}, "

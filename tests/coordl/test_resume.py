@@ -119,13 +119,24 @@ def test_a_finished_epoch_resumes_at_the_next(tiny_root):
 @pytest.mark.parametrize("change,match", [
     ({"seed": 9}, "seed: saved 5, this loader 9"),
     ({"batch_size": 4}, "batch_size: saved 3, this loader 4"),
-    ({"world_size": 2, "rank": 1}, "world_size: saved 1, this loader 2"),
+    ({"world_size": 2, "rank": 1, "seed": 6}, "seed: saved 5, this loader 6"),  # world_size may differ
 ])
 def test_states_of_other_loaders_are_refused(tiny_root, change, match):
     config = {"root": tiny_root, "batch_size": 3, "workers": 0, "seed": 5}
     state = build(config).state_dict()
     with pytest.raises(coordl.ConfigError, match=match):
         build(dict(config, **change)).load_state_dict(state)
+
+
+def test_another_world_size_is_refused_without_coordls_plan():
+    """A DistributedSampler's order depends on its world size: no elastic resume there."""
+    data = torch.utils.data.TensorDataset(torch.arange(37))
+    state = coordl.DataLoader(data, batch_size=4, shuffle=True, rank=0, world_size=2).state_dict()
+    other = coordl.DataLoader(data, batch_size=4, shuffle=True, rank=0, world_size=3)
+    with pytest.raises(coordl.ConfigError, match=r"world_size: saved 2, this loader 3.*coordl's own plan"):
+        other.load_state_dict(state)
+    with pytest.raises(coordl.ConfigError, match="not a coordl.DataLoader state"):
+        other.load_state_dict([state, state])
 
 
 def test_other_dataset_and_unknown_versions_are_refused(tiny_root, photo_root):
