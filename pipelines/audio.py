@@ -72,6 +72,9 @@ def window_offset(frames: int, length: int, transform: str, rng: random.Random |
     if frames <= length:
         return 0
     if transform == "train":
+        if rng is None:
+            raise ConfigError("transform='train' draws the window's offset from the item's generator: "
+                              "pass rng=item_rng(seed, epoch, index) (pipelines/crop.py)")
         return rng.randrange(frames - length + 1)
     return (frames - length) // 2
 
@@ -144,19 +147,22 @@ def window(raw, sample_rate: int, length: int, transform: str, rng: random.Rando
     return out
 
 
-def _need_soxr(rate: int, sample_rate: int) -> None:
-    if _soxr() is None:
+def _need_soxr(rate: int, sample_rate: int):
+    """The soxr module, or a ConfigError naming both rates and the fix."""
+    soxr = _soxr()
+    if soxr is None:
         raise ConfigError(f"a file at {rate} Hz needs resampling to sample_rate={sample_rate}, and "
                           "soxr is not installed: pip install 'coordl[audio]' (or pip install soxr), "
                           f"or convert the files to {sample_rate} Hz")
+    return soxr
 
 
 def resample(data: np.ndarray, rate: int, sample_rate: int) -> np.ndarray:
     """(frames, channels) float32 from `rate` to `sample_rate` with soxr's HQ filter."""
-    _need_soxr(rate, sample_rate)
+    soxr = _need_soxr(rate, sample_rate)
     if len(data) == 0:
         return data
-    return _soxr().resample(data, rate, sample_rate, quality="HQ")
+    return soxr.resample(data, rate, sample_rate, quality="HQ")
 
 
 def _mix(data: np.ndarray, have: int, want: int | None) -> np.ndarray:

@@ -92,7 +92,7 @@ class AudioFolder(CoordlDataset):
     ) -> None:
         _check(sample_rate, seconds, transform, channels, on_error)
         audio.soundfile()  # refuse now, not in a worker, when soundfile is missing
-        self.manifest = scan(root, extensions, None, allow_empty=on_error == "skip",
+        self.manifest = scan(os.fspath(root), extensions, None, allow_empty=on_error == "skip",
                              rescan=rescan, manifest_cache=manifest_cache)
         self.root = self.manifest.root
         self.sample_rate, self.seconds, self.channels = sample_rate, float(seconds), channels
@@ -209,12 +209,13 @@ class AudioFolder(CoordlDataset):
             names = ", ".join(f"{self.manifest.path(i)} ({c} channels)" for c, i in sorted(first.items()))
             raise ConfigError(f"one batch mixes channel counts: {names}: pass AudioFolder(channels=1) to "
                               "mix every file down to mono, or channels=2 to repeat mono files")
-        shape = (len(rows), counts.pop() if counts else (self.channels or 1), self.length)
+        shape = (len(rows), int(counts.pop() if counts else (self.channels or 1)), self.length)
         if torch.utils.data.get_worker_info() is None:
             waves = torch.empty(shape, dtype=torch.float32)
         else:
             storage_ = new_shared(int(np.prod(shape)) * 4)
-            waves = torch.empty(0, dtype=torch.float32).set_(storage_, 0, shape)
+            # torch's stubs lack set_'s (UntypedStorage, offset, size) overload; torch has it
+            waves = torch.empty(0, dtype=torch.float32).set_(storage_, 0, shape)  # pyright: ignore[reportCallIssue]
             self.counters.add(batch_buffers=1)
         if rows:
             np.stack(rows, out=waves.numpy())
