@@ -23,12 +23,12 @@ _LAZY = {
     "ImageFolder": ".datasets.imagefolder", "PreparedBatch": ".batch",
     "CoordlDataset": ".datasets.imagefolder", "AudioFolder": ".datasets.audio",
     "MinIOCache": ".loader.caching", "PartitionedCache": ".loader.partitioned",
-    "profile": ".profiler",
+    "profile": ".profiler", "merge_states": ".loader.elastic",
 }
 
 __all__ = [
     "DataLoader", "ImageFolder", "AudioFolder", "CoordlDataset", "MinIOCache", "PartitionedCache", "PreparedBatch",
-    "collate", "loader_stats", "profile", "__version__",
+    "collate", "loader_stats", "merge_states", "profile", "__version__",
     "CoordlError", "ConfigError", "DatasetError", "SampleError", "CacheError", "CoordinatorError",
 ]
 
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from coordl.datasets.imagefolder import CoordlDataset, ImageFolder, PreparedBatch
     from coordl.loader.caching import MinIOCache
     from coordl.loader.dataloader import DataLoader, collate, loader_stats
+    from coordl.loader.elastic import merge_states
     from coordl.loader.partitioned import PartitionedCache
 
     from .profiler import profile
