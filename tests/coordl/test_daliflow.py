@@ -30,8 +30,7 @@ def ds(tiny_root, tmp_path):
     shutil.copytree(tiny_root, root, copy_function=shutil.copy)
     out = coordl.ImageFolder(root, transform="val", size=32, on_error="skip", manifest_cache="off")
     os.remove(out.manifest.path(2))  # gone after the scan: its read fails
-    out.counters = _Counts()
-    return out
+    return out.bind(counters=_Counts())
 
 
 def test_skip_counts_each_bad_item_once_and_keeps_the_rest_in_order(ds):
