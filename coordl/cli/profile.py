@@ -119,8 +119,12 @@ def _write(flag: str, path: str, write) -> None:
 
 
 @click.command("profile", help=_HELP)
-@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
-              help="ImageFolder root (DIR/<class>/<image>.jpg), e.g. from coordl make-dataset.")
+@click.option("--data", required=True,
+              help="ImageFolder root (DIR/<class>/<image>.jpg), e.g. from coordl make-dataset, or a URL "
+                   "such as s3://bucket/prefix (see --storage-options).")
+@click.option("--storage-options", default=None, metavar="JSON",
+              help="For --data s3://... (any fsspec URL): its filesystem's options as a JSON object "
+                   "(endpoint_url, anon, ...); without it the AWS_* variables are read.")
 @click.option("--model", "model_name", default=None,
               help="Built-in model: small-cnn (default) or resnet18.")
 @click.option("--train-step", default=None, metavar="MODULE:FUNCTION",
@@ -144,7 +148,7 @@ def _write(flag: str, path: str, write) -> None:
               help="Rounds of every timed run, interleaved; the median is kept (busy machines: 3).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_bytes, device, threads,
-                json_out, plot_out, validate, repeats, seed):
+                json_out, plot_out, validate, repeats, seed, storage_options):
     if model_name and train_step:
         raise ConfigError("pass --model or --train-step, not both")
     check_counts(batch_size=batch_size, workers=workers, steps=steps, repeats=repeats, threads=threads)
@@ -164,7 +168,9 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
         except ImportError:
             raise ConfigError("--plot needs matplotlib: pip install 'coordl[profile]' (or matplotlib), "
                               "or leave out --plot") from None
-    ds = coordl.ImageFolder(data, transform="train", seed=seed)
+    from coordl.datasets.sources import parse_storage_options
+
+    ds = coordl.ImageFolder(data, transform="train", seed=seed, storage_options=parse_storage_options(storage_options))
     if device == "cpu":
         torch.set_num_threads(threads or max(1, len(os.sched_getaffinity(0)) - max(workers, 0)))
     elif threads:

@@ -29,7 +29,8 @@ def _size(ctx, param, value):
 
 
 @click.command("serve")
-@click.option("--data", required=True, type=click.Path(file_okay=False), help="ImageFolder root.")
+@click.option("--data", required=True, type=click.Path(file_okay=False),
+              help="ImageFolder root: a folder, or a URL such as s3://bucket/prefix (see --storage-options).")
 @click.option("--batch-size", type=int, required=True, help="Images per batch (the jobs' batch_size).")
 @click.option("--transform", type=click.Choice(names.TRANSFORMS), default="train", show_default=True)
 @click.option("--size", type=int, default=224, show_default=True, help="Output height and width.")
@@ -66,17 +67,23 @@ def _size(ctx, param, value):
               help="With --backend dali: decode on the CPU, or with nvJPEG on the GPU (the first "
                    "CUDA_VISIBLE_DEVICES device).")
 @click.option("--detach", is_flag=True, help="Run in the background; log to <socket>.log.")
+@click.option("--storage-options", default=None, metavar="JSON",
+              help="For --data s3://... (any fsspec URL): options of its filesystem as a JSON object, "
+                   "e.g. '{\"endpoint_url\": \"http://127.0.0.1:9000\"}'. Without it the AWS_* variables "
+                   "are read (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).")
 def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_bytes, socket_path,
               slots, straggler_timeout, min_jobs, join_window, hello_timeout, shuffle, drop_last,
-              on_error, backend, dali_device, detach):
+              on_error, backend, dali_device, detach, storage_options):
     """The coordinator daemon: prepare each batch once, for every attached job.
 
     Jobs attach with coordl.DataLoader(coordl.ImageFolder(DIR), batch_size=B,
     shuffle=True, coordinator="unix://SOCKET"). SIGTERM or SIGINT stops it cleanly.
     """
     from coordl.coordinator.daemon import Daemon
+    from coordl.datasets.sources import parse_storage_options
 
-    extra = {k: v for k, v in (("workers", workers), ("socket", socket_path)) if v is not None}
+    extra = {k: v for k, v in (("workers", workers), ("socket", socket_path),
+                               ("storage_options", parse_storage_options(storage_options))) if v is not None}
     config = ServeConfig(data=data, batch_size=batch_size, transform=transform, size=size,
                          epochs=epochs, seed=seed, cache_bytes=cache_bytes, slots=slots,
                          straggler_timeout=straggler_timeout, min_jobs=min_jobs,

@@ -76,6 +76,7 @@ class ServeConfig:
     on_error: str = "raise"                 # a bad image: "raise" (in the jobs) or "skip"
     backend: str = "cpu"                    # "cpu": coordl's pipeline; "dali": pipelines/dali.py
     dali_device: str = "cpu"                # with backend "dali": "cpu" or "gpu" (nvJPEG, device 0)
+    storage_options: dict | None = field(default=None, repr=False)  # data at a URL: its filesystem's options
 
     def __post_init__(self) -> None:
         self._check_backend()

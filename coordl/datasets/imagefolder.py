@@ -33,10 +33,10 @@ from coordl.batch import PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
 from coordl.cache.forkguard import ForkGuard
+from coordl.datasets import sources
 from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
 from coordl.errors import ConfigError, CoordinatorError, SampleError, at_item
 from coordl.loader.stats import Counters
-from coordl.datasets import sources
 from coordl.manifest.build import IMG_EXTENSIONS, scan
 from coordl.pipelines import cpu, crop
 

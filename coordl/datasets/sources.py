@@ -133,3 +133,50 @@ def open_source(url: str, extensions: Any, is_valid_file: Any, allow_empty: bool
     manifest, store = objects.scan_url(url, extensions or IMG_EXTENSIONS, allow_empty, storage_options=storage_options,
                                        max_in_flight=max_in_flight, rescan=rescan, manifest_cache=manifest_cache)
     return manifest, ObjectFiles(manifest, store)
+
+
+def parse_storage_options(text: str | None, flag: str = "--storage-options") -> dict | None:
+    """A command line's `--storage-options JSON` as a dict (None when not given). Without it, s3://
+    reads the AWS_* environment variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) as s3fs does.
+    The value is never echoed back: it may hold a secret."""
+    import json
+
+    from coordl.errors import ConfigError
+
+    if text is None or text == "":
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{flag} is not JSON ({e.msg} at character {e.pos}): pass an object such as "
+                          "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}' (credentials are better left to "
+                          "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object (keys such as endpoint_url, anon), not a "
+                          f"{type(value).__name__}")
+    return value
+
+
+class ObjectReads:
+    """`cache/storage.py`'s two calls (read_file, evict) for the URLs of an ObjectFiles: what the
+    profiler's storage measurements use for a dataset at a URL. An object has no page-cache copy
+    here, so evict does nothing and every read is a GET."""
+
+    def __init__(self, objects: ObjectFiles) -> None:
+        self.objects = objects
+        self._prefix = objects.store.url + "/"
+
+    def read_file(self, url: str, drop_page_cache: bool = False) -> bytes:
+        if not url.startswith(self._prefix):
+            raise SampleError(f"{url}: not below the dataset's URL {self.objects.store.url}")
+        return self.objects.store.read(url[len(self._prefix):])
+
+    def evict(self, paths: Iterable[str]) -> None:
+        pass
+
+
+def storage_of(dataset: Any) -> Any:
+    """What reads `dataset`'s item paths whole: `coordl.cache.storage` for local files, an
+    `ObjectReads` for a dataset at a URL."""
+    objects = getattr(dataset, "objects", None)
+    return storage if objects is None else ObjectReads(objects)

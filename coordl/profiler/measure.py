@@ -234,9 +234,9 @@ def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache,
     return Timed(timed.samples, timed.seconds, timed.cpu_self, children, loader.stats(), timed.cores_busy)
 
 
-def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, float]:
+def storage_bandwidth(paths: list[str], readers: int, storage=storage) -> tuple[float, float]:
     """(bytes/s, CPU seconds per file) of cold whole-file reads of `paths` by `readers` threads
-    at once."""
+    at once (`storage`: what reads them, coordl/datasets/sources.py storage_of)."""
     storage.evict(paths)
     c0 = _cpu(resource.RUSAGE_SELF)
     total = 0
@@ -254,7 +254,7 @@ def storage_bandwidth(paths: list[str], readers: int) -> tuple[float, float]:
     return total / (time.perf_counter() - t0), (_cpu(resource.RUSAGE_SELF) - c0) / len(paths)
 
 
-def read_latency(paths: list[str], gap: float = 0.02) -> float:
+def read_latency(paths: list[str], gap: float = 0.02, storage=storage) -> float:
     """Median seconds of one cold whole-file read, the reads `gap` seconds apart (an idle storage)."""
     storage.evict(paths)
     times = []

@@ -22,7 +22,7 @@ from contextlib import ExitStack
 
 import torch
 
-from coordl.cache import storage
+from coordl.datasets import sources
 from coordl.datasets.imagefolder import CoordlDataset
 from coordl.errors import ConfigError
 
@@ -72,6 +72,7 @@ class _Session:
         self.stack = stack
         m = dataset.manifest
         self.paths = [m.path(i) for i in range(len(dataset))]
+        self.storage = sources.storage_of(dataset)  # local files, or GETs for a dataset at a URL
         self.sizes = [int(s) for s in m.sizes]
         self.total_bytes = int(sum(self.sizes))
         self.need = (WARMUP + steps) * batch_size
@@ -89,7 +90,7 @@ class _Session:
 
     def run(self, workers: int, cache, train_step, desc: str) -> measure.Timed:
         if cache is None:
-            storage.evict(self.paths)
+            self.storage.evict(self.paths)
         return measure.loader_rate(self.ds, self.items(), self.batch_size, workers, cache, train_step,
                                    WARMUP, self.steps, self.sync, desc, self.progress)
 
@@ -148,14 +149,14 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     synth = measure.synthetic_batches(tuple(sample.shape), len(getattr(s.ds, "classes", [])) or 10,
                                       s.batch_size)
     sample_paths = _storage_sample(s)
-    reads = [measure.storage_bandwidth(sample_paths, w) for w in range(1, W + 1)]
+    reads = [measure.storage_bandwidth(sample_paths, w, s.storage) for w in range(1, W + 1)]
     storage_bw = [bw for bw, _cpu in reads]
-    latency = measure.read_latency(sample_paths[:LATENCY_READS])
+    latency = measure.read_latency(sample_paths[:LATENCY_READS], storage=s.storage)
 
     full = s.cache("all", s.total_bytes)
-    storage.evict(s.paths)
+    s.storage.evict(s.paths)
     measure.fill_cache(full, len(s.ds), range(len(s.ds)),
-                       lambda i: storage.read_file(s.paths[i], drop_page_cache=True))
+                       lambda i: s.storage.read_file(s.paths[i], drop_page_cache=True))
     memory_bw = measure.memory_bandwidth(full, len(s.ds))
     fraction = min(cache_bytes / s.total_bytes, 1.0)
     profiled_cache, x0 = s.partial_cache("profiled", fraction, full)

@@ -153,7 +153,8 @@ def test_server_killed_mid_epoch_is_a_clear_error_within_a_minute(s3, tiny_root,
     proxy = objstore_proxy.FaultProxy(server.url, latency=0.02).start()
     try:
         data = make_s3_dataset(server, tiny_root, tmp_path_factory)
-        ds = coordl.ImageFolder(data.url, transform="val", size=32, storage_options=data.options(endpoint_url=proxy.url))
+        ds = coordl.ImageFolder(data.url, transform="val", size=32,
+                                storage_options=data.options(endpoint_url=proxy.url))
         loader = coordl.DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor=1)
         it = iter(loader)
         next(it)
