@@ -73,9 +73,9 @@ DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP"})
 
 def gpu_count() -> int:
     """CUDA devices DALI sees (0 without a GPU or driver); torch may be a CPU-only build."""
-    from nvidia.dali.backend import GetCUDADeviceCount
+    import nvidia.dali.backend as backend
 
-    return int(GetCUDADeviceCount())
+    return int(getattr(backend, "GetCUDADeviceCount")())  # noqa: B009 (not in DALI's stubs)
 
 
 def require():
@@ -115,7 +115,8 @@ class Recipe:
             raise ConfigError(f"device={self.device!r}: use 'cpu' or 'gpu'")
         if (self.mean is None) != (self.std is None):
             raise ConfigError(f"mean={self.mean!r}, std={self.std!r}: give both (float output) or neither")
-        if self.std is not None and (len(self.std) != 3 or len(self.mean) != 3 or min(self.std) <= 0):
+        if self.std is not None and self.mean is not None and (
+                len(self.std) != 3 or len(self.mean) != 3 or min(self.std) <= 0):
             raise ConfigError(f"mean={self.mean!r}, std={self.std!r}: three values each, std > 0")
 
 
@@ -146,7 +147,7 @@ def examine(raw) -> Source:
     if img.format == "JPEG":
         markers.check(raw, img)  # what the CPU's Pillow path checks before it decodes
     elif img.format not in DALI_FORMATS:
-        return Source(_ppm(cpu.decode(raw)), *img.size, img.format)
+        return Source(_ppm(cpu.decode(raw)), *img.size, img.format or "unknown")
     return Source(raw, *img.size, img.format or "unknown")
 
 
@@ -221,7 +222,14 @@ def build_pipeline(recipe: Recipe, batch_size: int, num_threads: int, device_id:
     executor still takes several scheduled runs before the first `outputs()`.
     """
     require()
-    from nvidia.dali import fn, pipeline_def, types
+    import nvidia.dali.fn as dali_fn
+    import nvidia.dali.types as dali_types
+    from nvidia.dali.pipeline import pipeline_def as dali_pipeline_def
+
+    # DALI's operators and type constants are generated at import: its stubs do not know them
+    fn: Any = dali_fn
+    types: Any = dali_types
+    pipeline_def: Any = dali_pipeline_def
 
     if recipe.device == "gpu" and device_id is None:
         raise ConfigError("device='gpu' needs a device_id (the CUDA device to run on)")
@@ -240,7 +248,8 @@ def build_pipeline(recipe: Recipe, batch_size: int, num_threads: int, device_id:
         images = fn.resize(images, size=[recipe.size, recipe.size], interp_type=types.INTERP_LINEAR,
                            antialias=True, roi_start=source("roi_start", types.FLOAT, 1),
                            roi_end=source("roi_end", types.FLOAT, 1))
-        norm = {} if recipe.mean is None else {"mean": list(recipe.mean), "std": list(recipe.std)}
+        norm = {} if recipe.mean is None or recipe.std is None else \
+            {"mean": list(recipe.mean), "std": list(recipe.std)}
         return fn.crop_mirror_normalize(images, dtype=types.UINT8 if recipe.mean is None else types.FLOAT,
                                         output_layout=recipe.layout,
                                         mirror=source("mirror", types.INT32, 0), **norm)
@@ -291,7 +300,7 @@ class Prep:
         self.recipe, self.batch_size, self.depth = recipe, batch_size, max(1, int(depth))
         self._args = (recipe, batch_size, max(1, int(num_threads)), device_id)
         self._export = export or to_numpy
-        self._pipe = build_pipeline(*self._args)
+        self._pipe: Any = build_pipeline(*self._args)
         self._flight: collections.deque[Planned] = collections.deque()
         self.rebuilds = 0
 
@@ -353,7 +362,7 @@ class Prep:
         images = np.concatenate(parts) if parts else None
         return Result(batch.tag, images, kept, dict(sorted(batch.errors.items())))
 
-    def prep_into(self, raws, items, epoch: int, out: np.ndarray) -> tuple[list[int], dict[int, Exception]]:
+    def prep_into(self, raws, items, epoch: int, out: np.ndarray) -> tuple[list[int], dict[int, cpu.DecodeError]]:
         """Prepare one batch synchronously into `out` (n >= len(raws) rows, the recipe's layout).
 
         Kept samples fill out[0:len(kept)] in order; returns (kept positions, errors by
