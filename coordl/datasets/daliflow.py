@@ -14,7 +14,7 @@ the ring). Counters as the CPU backend's: every item handed to the decoder count
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,7 @@ def fetch(ds: Any, indices: Iterable[int]) -> tuple[list, list[int]]:
     return raws, items
 
 
-def settle(ds: Any, items: list[int], kept: Iterable[int], errors: dict[int, Exception]) -> list[int]:
+def settle(ds: Any, items: list[int], kept: Iterable[int], errors: Mapping[int, Exception]) -> list[int]:
     """After DALI: each error (by position in `items`) raised naming its file, or skipped, in
     order; the kept items (positions `kept`), counted as ``samples``."""
     for pos in sorted(errors):

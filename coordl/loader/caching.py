@@ -28,7 +28,8 @@ def cache_for(dataset: Any, cache: Any) -> Any:
     dataset that exists with another capacity is replaced when no process uses it, else
     `CacheError` names both sizes (see `coordl.cache.minio`, NOTE [capacity]).
     """
-    fingerprint = getattr(dataset, "fingerprint", None) if isinstance(dataset, CoordlDataset) else None
+    coordl_ds = isinstance(dataset, CoordlDataset)
+    fingerprint = getattr(dataset, "fingerprint", None) if coordl_ds else None
     if not isinstance(fingerprint, str):
         raise ConfigError(f"cache= needs a coordl dataset with a `fingerprint` (e.g. coordl.ImageFolder); "
                           f"{type(dataset).__name__} has none: pass cache=None")

@@ -51,13 +51,14 @@ def dali_threads(num_workers: int) -> int:
     return max(int(num_workers), 1)
 
 
-def _check(loader, ds) -> None:
+def _check(loader: Any, ds: Any) -> None:
     if not isinstance(ds, CoordlDataset) or getattr(ds, "manifest", None) is None:
         raise ConfigError(f"backend='dali' needs a coordl dataset over a manifest of files; "
                           f"{type(ds).__name__} is not one: use coordl.ImageFolder")
-    if ds.transform not in dali.TRANSFORMS:
+    transform = getattr(ds, "transform", None)  # (a coordl dataset's; CoordlDataset does not declare it)
+    if transform not in dali.TRANSFORMS:
         raise ConfigError(f"backend='dali' runs transform='train' or 'val'; the dataset has "
-                          f"transform={ds.transform!r}: use one of them, or the CPU backend")
+                          f"transform={transform!r}: use one of them, or the CPU backend")
     if loader.batch_sampler is None:  # torch: no automatic batching
         raise ConfigError("backend='dali' needs batches: pass batch_size (or batch_sampler), not batch_size=None")
     if loader.collate_fn is not collate:
