@@ -14,6 +14,8 @@ policy that never evicts, a memory limit). The kinds, each logged once per node 
 - ``readonly``: a replica ("You can't write against a read only replica");
 - ``unfit``: the check at connection failed (an evicting policy, no maxmemory);
 - ``meta``: the dataset's meta hash is not coordl's (another type, fields that are not integers);
+- ``members``: the node now belongs to another node list (cache/membership.py: its record was
+  rewritten by ``membership='update'`` or `coordl cache-node members --update`);
 - ``refused``: any other error reply (ACL, a busy script, ...).
 
 A node whose memory is full (noeviction: OOM) is not a fault: it admits nothing more.
@@ -51,7 +53,7 @@ from . import redisnode
 
 log = logging.getLogger("coordl.cache")
 
-KINDS = ("unreachable", "readonly", "unfit", "meta", "refused")
+KINDS = ("unreachable", "readonly", "unfit", "meta", "refused", "members")
 _UNTIL, _FAULTS, _LOGGED = range(3)
 
 
@@ -111,10 +113,12 @@ def unfit_error() -> type[Exception]:
     return NodeUnfit
 
 
-def checked_connect(url: str, capacity: int | None, conn: Any) -> None:
+def checked_connect(url: str, capacity: int | None, conn: Any, members: str | None = None) -> None:
     """redis-py's ``redis_connect_func``: the usual handshake (AUTH, SELECT), then INFO, then
     `redisnode.check_server`: every new connection (the first, and each after a restart or a
-    fault) proves the node is a primary that never evicts coordl's items."""
+    fault) proves the node is a primary that never evicts coordl's items. With `members` (the
+    node list's record, cache/membership.py): the node must still belong to that list; a node
+    restarted empty gets the record back (SET NX)."""
     conn.on_connect()
     info: dict[str, str] = {}
     for section in ("replication", "memory"):
@@ -128,6 +132,21 @@ def checked_connect(url: str, capacity: int | None, conn: Any) -> None:
         redisnode.check_server(url, info, capacity)
     except ConfigError as e:
         raise unfit_error()(str(e), "readonly" if info.get("role", "master") != "master" else "unfit") from None
+    if members is not None:
+        _check_members(url, conn, members)
+
+
+def _check_members(url: str, conn: Any, members: str) -> None:
+    from . import membership
+
+    conn.send_command("SET", membership.MEMBERS_KEY, members, "NX")
+    if conn.read_response() is not None:
+        return
+    conn.send_command("GET", membership.MEMBERS_KEY)
+    theirs = membership.parse(conn.read_response() or b"")
+    if membership.record(theirs) != members:
+        raise unfit_error()(f"the node now belongs to another node list: "
+                            f"{membership.difference(members.split(chr(10)), theirs)}", "members")
 
 
 def classify(e: Exception | str) -> str:
@@ -152,5 +171,7 @@ def describe(shown: str, kind: str, e: Exception | str, retry_after: float) -> s
         "unfit": "as the message says",
         "meta": "delete that key (DEL it, or cache.drop() for the whole dataset); coordl rebuilds it",
         "refused": "check the server's log and the user's ACL permissions (GET, MGET, EVALSHA, INFO)",
+        "members": ("the cluster changed under this job: restart every rank with the new node list "
+                    "(`coordl cache-node members URL...` shows each node's)"),
     }
     return f"cache node {shown}: {e}; {skip}; fix: {fixes[kind]}"

@@ -47,9 +47,11 @@ the key is absent and the dataset's bytes on that node stay within
 
 NOTE [lifecycle and processes]
 - Constructed in the training process: it connects to every node once, checks
-  each answers as a Redis primary with a non-evicting policy (ConfigError if
-  not), then drops nothing. Every later connection, in any process, checks
-  the same (`nodehealth.checked_connect`); failing it is a node fault.
+  each answers as a Redis primary with a non-evicting policy and belongs to
+  this node list (cache/membership.py; ConfigError if not), then drops nothing.
+  Every later connection, in any process, checks the same
+  (`nodehealth.checked_connect`; a node restarted empty gets its node list
+  record back); failing it is a node fault.
 - Forked workers: the first call in a new pid builds fresh clients and a fresh
   thread pool (redis-py pools are not shared across processes; threads do not
   survive fork). Spawned workers get the configuration by pickle
@@ -177,6 +179,7 @@ class PartitionedCache:
                               "node list) or 'update' (rewrite their list: after adding, removing or replacing "
                               "a node, between epochs)")
         self.membership = membership
+        self._members: str | None = None  # the node list checked at each new connection (after construction)
         if not (isinstance(node_rank, int) and 0 <= node_rank < len(self.nodes)):
             raise ConfigError(f"node_rank={node_rank!r} must be an int in [0, {len(self.nodes)}): the index "
                               "of this server's own node in nodes=")
@@ -198,6 +201,7 @@ class PartitionedCache:
             for j in range(len(self.nodes)):
                 self._check_node(j)
             self._check_membership()
+        self._members = membership_mod.record([redisnode.node_name(u) for u in self.nodes])
 
     # -- connections (rebuilt in each process) --
     def _connect(self) -> None:
@@ -209,11 +213,14 @@ class PartitionedCache:
                                               retry=Retry(NoBackoff(), 0), health_check_interval=0,
                                               **(self._tls if url.startswith("rediss:") else {}),
                                               redis_connect_func=functools.partial(
-                                                  nodehealth.checked_connect, url, self.capacity_per_node))
+                                                  self._on_connect, url))
                          for url in self.nodes]
         self._scripts = [c.register_script(_ADMIT) for c in self._clients]
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fork.reset()
+
+    def _on_connect(self, url: str, conn: Any) -> None:
+        nodehealth.checked_connect(url, self.capacity_per_node, conn, members=self._members)
 
     def _client(self, j: int):
         if self._fork.forked():

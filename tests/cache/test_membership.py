@@ -121,3 +121,27 @@ def test_members_command_reads_and_updates(redis_nodes):
     _cache(urls, 1).close()                                 # ranks with the new list connect
     with pytest.raises(ConfigError):
         _cache(urls[:2], 0)
+
+
+def test_a_node_moved_to_another_list_under_a_running_job_is_a_fault_and_a_restarted_one_gets_its_record(
+        redis_nodes, caplog):
+    """Every new connection checks the record: a node whose list was rewritten while a job runs is
+    skipped (kind 'members', its items from storage); a node restarted empty gets the record back."""
+    a, b, c = (redis_nodes() for _ in range(3))
+    data = _items()
+    cache = _cache([a.url, b.url], retry_after=0.0)
+    _fill(cache, data)
+    on_b = {i for i in range(N) if cache.owner(i) == 1}
+    b.stop()
+    b.start()                                              # restarted: empty, no record
+    assert len(cache.get_many(range(N))) == N - len(on_b)  # reconnects (and checks) b: empty now
+    names = sorted(redisnode.node_name(u) for u in (a.url, b.url))
+    assert membership.read(b.client()) == names            # the record is back
+    _cache([b.url, c.url], 1, membership="update").close()  # another cluster takes b
+    cache._clients[1].connection_pool.disconnect()
+    assert set(cache.get_many(range(N))) == set(range(N)) - on_b
+    faults = [r.getMessage() for r in caplog.records if "another node list" in r.getMessage()]
+    assert len(faults) == 1 and redisnode.node_name(c.url) in faults[0] and "restart every rank" in faults[0]
+    assert cache.stats()["node_faults"] == 1
+    assert not any(cache.put(i, data[i]) for i in sorted(on_b))   # nothing written into the other list's node
+    cache.close()
