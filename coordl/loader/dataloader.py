@@ -364,8 +364,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         pos = self._position
         self._epoch_skip, self._skip = self._skip, 0
         pos.epoch, pos.received, pos.active = self.epoch, self._epoch_skip, True
-        self._set_sampler_epoch(self.epoch)  # before len: a resumed epoch's length is its rest's
         pos.length = len(self) if not isinstance(self.dataset, IterableDataset) else None
+        self._set_sampler_epoch(self.epoch)
         if self._coordl_dataset:
             self.dataset.set_epoch(self.epoch)
         if self.backend == "dali":

@@ -133,8 +133,9 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         return (EpochIndex(i, epoch) for i in self.indices().tolist())
 
     def __len__(self) -> int:
-        rest = self.rests.get(self.epoch)
-        return share_size(self.items if rest is None else len(rest[0]), self.world_size, self.drop_last)
+        # a whole epoch's, also for a resumed epoch's rest (as torch's len after any resume:
+        # frameworks read it once, e.g. Lightning's batches per epoch, after iter())
+        return share_size(self.items, self.world_size, self.drop_last)
 
     def __repr__(self) -> str:
         return (f"PlanSampler(items={self.items}, seed={self.seed}, shuffle={self.shuffle}, "
