@@ -150,6 +150,9 @@ def explain(url: str, exc: Exception) -> str:
             return ("authentication failed: the node requires a password and the URL gives none: "
                     "use redis://:PASSWORD@host:port/db, PASSWORD the node's --password-file content "
                     "percent-encoded (urllib.parse.quote(password, safe=''))")
+        if parts.username:
+            return ("authentication failed: wrong user or password for this node: use the node's --user and "
+                    "the password in its --password-file, percent-encoded: redis://USER:PASSWORD@host:port/db")
         return ("authentication failed: wrong password for this node: use the one in the node's "
                 "--password-file, percent-encoded in the URL")
     tls = tls_problem(url, exc)

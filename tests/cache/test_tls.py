@@ -136,6 +136,9 @@ def test_mutual_tls_with_an_acl_user_end_to_end(node_dir, tmp_path, pki):
     flags = ["--tls-ca", pki["ca"], "--tls-cert", pki["client"][0], "--tls-key", pki["client"][1]]
     s = _run("status", url, *flags)
     assert s.exit_code == 0 and "noeviction" in s.output, s.output
+    wrong = _run("status", url.replace(USER, "mallory"), *flags)
+    assert wrong.exit_code != 0 and "wrong user or password" in wrong.output, wrong.output
+    _no_secret(wrong.output)
     m = _run("members", url, *flags)
     assert m.exit_code == 0 and "node list: same" in m.output, m.output
     for text in (s.output, m.output):
