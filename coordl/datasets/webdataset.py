@@ -1,0 +1,232 @@
+"""`coordl.WebDataset`: WebDataset-layout tar shards as a map-style dataset with item-level access.
+
+    ds = coordl.WebDataset("/data/train-{000000..000146}.tar", transform="train")
+    loader = coordl.DataLoader(ds, batch_size=256, shuffle=True, num_workers=8, cache="32GiB")
+
+Samples are grouped by key (``key.jpg`` + ``key.cls``); an index of (shard, offset, size, label)
+per sample is built once from the tar headers and persisted beside the manifests
+(coordl/cache/tarindex.py), so an item is one pread and the epoch order is coordl's exact
+global shuffle (not webdataset's shuffle within a buffer over a shard order). Item i is the
+i-th sample of the shards in the order the URLs give them (brace patterns expanded as
+webdataset does), then in the order of the tar.
+
+The image pipeline, batch buffers, on_error, caches, counters, resume and ranks are
+ImageFolder's: this class is an ImageFolder whose bytes come from tar members. What differs:
+a batch's misses are read together, items of one shard within `max_gap` bytes with one pread
+(`storage_reads` counts preads, `storage_bytes` the bytes they read, gaps included), and a
+bad sample's `SampleError` names the shard and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from coordl.cache import tarindex
+from coordl.datasets.imagefolder import _NO_COUNTERS, _ON_ERROR, _TRANSFORMS, CoordlDataset, ImageFolder, _check_size
+from coordl.datasets.onerror import sample_error, skip_or_raise
+from coordl.errors import ConfigError, DatasetError, SampleError, at_item
+from coordl.manifest import store
+
+IMAGE_EXT = ("jpg", "jpeg", "png", "webp")
+
+
+def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Shard paths from `urls` as webdataset reads them: a string may hold brace patterns
+    (``train-{000000..000146}.tar``, ``{a,b}.tar``) and several patterns joined by ``::``;
+    a list is expanded element by element."""
+    from braceexpand import braceexpand
+
+    if isinstance(urls, (str, os.PathLike)):
+        urls = os.fspath(urls).split("::")
+    out: list[str] = []
+    for u in urls:
+        out.extend(braceexpand(os.fspath(u)))
+    return out
+
+
+def _local(url: str) -> str:
+    if url.startswith("file://"):
+        return url[len("file://"):]
+    if "://" in url:
+        raise ConfigError(f"WebDataset: {url!r} is an object-storage URL: only local shard paths (or "
+                          "file://) are read so far; copy the shards to a local or mounted folder")
+    return url
+
+
+class WebDataset(ImageFolder):
+    """A map-style dataset over WebDataset tar shards, with ImageFolder's pipeline.
+
+    Args:
+        urls: shard paths: a string with brace patterns and ``::`` separators, or a list of them.
+        transform, size, seed, on_error, target_transform: as `coordl.ImageFolder`.
+        image_ext: member extensions that are the image, in order of preference.
+        label_ext: the member extension whose text is the int label.
+        index_cache: folder of persisted indexes (default: the manifest folder, see
+            coordl/manifest/store.py); ``"off"`` builds the index at every start.
+        reindex: build the index even if the persisted one matches the shards.
+        index_threads: shards indexed at once.
+        max_gap: two items of one batch and shard at most this many bytes apart are read by one pread.
+    """
+
+    def __init__(
+        self,
+        urls: str | os.PathLike | Sequence[str | os.PathLike],
+        transform: str | Callable | None = "train",
+        size: int | tuple[int, int] = 224,
+        seed: int = 0,
+        on_error: str = "raise",
+        image_ext: Sequence[str] = IMAGE_EXT,
+        label_ext: str = "cls",
+        target_transform: Callable | None = None,
+        index_cache: str | None = None,
+        reindex: bool = False,
+        index_threads: int = 16,
+        max_gap: int = tarindex.MAX_GAP,
+    ) -> None:
+        if isinstance(transform, str) and transform not in _TRANSFORMS:
+            raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
+        size = _check_size(size)
+        if on_error not in _ON_ERROR:
+            raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+        if isinstance(image_ext, str) or not image_ext:
+            raise ConfigError(f"image_ext={image_ext!r} must be a non-empty sequence of extensions, "
+                              "e.g. ('jpg', 'png')")
+        shards = [_local(u) for u in expand_urls(urls)]
+        if not shards:
+            raise ConfigError(f"urls={urls!r} names no shard: pass a path or a brace pattern")
+        missing = [p for p in shards if not os.path.isfile(p)]
+        if missing:
+            raise DatasetError(f"WebDataset: {len(missing)} of {len(shards)} shards are not files (first: "
+                               f"{missing[0]!r}): check the paths or the brace pattern in urls={urls!r}")
+        try:
+            self.index = tarindex.build_index(shards, image_ext, label_ext, store.directory(index_cache),
+                                              index_threads, rebuild=reindex)
+        except OSError as e:
+            raise DatasetError(f"WebDataset: cannot open the shard {e.filename!r} ({e.strerror or e}): "
+                               "check the path or brace pattern in urls") from None
+        damaged = [(s, d) for s, d in zip(self.index.shards, self.index.damage) if d]
+        for shard, why in damaged:
+            msg = f"{shard}: the shard is damaged: {why}"
+            if on_error == "raise":
+                raise SampleError(msg + ": rewrite the shard, or pass on_error='skip' to use its "
+                                  "readable samples")
+            warnings.warn(msg + ": only the samples before the damage are used", stacklevel=2)
+        if len(self.index) == 0 and on_error == "raise":
+            raise DatasetError(f"WebDataset: no samples in {len(shards)} shard(s) ({shards[0]}...) with "
+                               f"image_ext={tuple(image_ext)!r}: check the member names (key.jpg, key.cls)")
+        self.damaged_shards = [s for s, _ in damaged]
+        self.urls, self.shards, self.max_gap = urls, list(self.index.shards), int(max_gap)
+        self.label_ext = label_ext.lower().lstrip(".")
+        self.manifest = self.index       # total_bytes caps a MinIO cache; len
+        self.objects = None
+        self.root = os.fspath(urls) if isinstance(urls, (str, os.PathLike)) else self.shards[0]
+        self.transform, self.size, self.on_error, self.seed = transform, size, on_error, int(seed)
+        self.target_transform = target_transform
+        ok = self.index.label[self.index.label_state == tarindex.OK]
+        self.classes = sorted(int(c) for c in np.unique(ok))
+        self.class_to_idx = {str(c): c for c in self.classes}
+        self.epoch = 0
+        if not hasattr(CoordlDataset, "binding"):  # ImageFolder's per-instance defaults before coordl/loader/binding.py
+            self.counters, self.cache, self.batch_slots, self._buffers = _NO_COUNTERS, None, 0, None
+            self.drop_page_cache, self.coordinator, self._coordinated_epoch = False, None, None
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        return [(self.index.where(i), int(self.index.label[i])) for i in range(len(self))]
+
+    @property
+    def targets(self) -> list[int]:
+        return self.index.label.tolist()
+
+    @property
+    def fingerprint(self) -> str:
+        return self.index.fingerprint
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    # -- bytes: the cache, then the shards, a batch's misses read together --
+    def _read(self, i: int, pending: Any = None) -> bytes:
+        raws, errors = self._read_misses([i])
+        if i in errors:
+            raise errors[i]
+        return raws[i]
+
+    def _read_misses(self, items: list[int]) -> tuple[dict[int, bytes], dict[int, SampleError]]:
+        data, errors, reads, nbytes = self.index.read_many(items, self.drop_page_cache, self.max_gap)
+        self.counters.add(storage_reads=reads, storage_bytes=nbytes)
+        cache = self.cache
+        if cache is not None:
+            inserted = sum(1 for i in items if i in data and cache.put(i, data[i]))
+            if inserted:
+                self.counters.add(cache_inserts=inserted)
+        return data, errors
+
+    def fetch_many(self, items: Sequence[int]) -> tuple[dict[int, Any], dict[int, SampleError]]:
+        """(bytes per item, SampleError per item): hits from the cache, the misses from the shards
+        with coalesced reads."""
+        items = [int(i) for i in dict.fromkeys(int(i) for i in items)]
+        cache, hits = self.cache, {}
+        if cache is not None and hasattr(cache, "get_many"):  # partitioned: counts its own hits
+            hits = dict(cache.get_many(items, self.counters))
+        elif cache is not None:
+            for i in items:
+                raw = cache.get(i)
+                if raw is not None:
+                    hits[i] = raw
+            self.counters.add(cache_hits=len(hits), cache_misses=len(items) - len(hits))
+        data, errors = self._read_misses([i for i in items if i not in hits])
+        hits.update(data)
+        return hits, errors
+
+    # -- labels and messages name the shard and key --
+    def _label(self, i: int) -> int:
+        state = self.index.label_state[i]
+        if state != tarindex.OK:
+            what = "no label member" if state == tarindex.MISSING else "a label member that is not an int"
+            raise at_item(SampleError(f"{self.index.where(i)} has {what} (.{self.label_ext}): add '<key>."
+                              f"{self.label_ext}' holding the class number, or pass on_error='skip'"), i)
+        return int(self.index.label[i])
+
+    def _target(self, i: int):
+        label = self._label(i)
+        return label if self.target_transform is None else self.target_transform(label)
+
+    def _sample_error(self, i: int, e: SampleError) -> SampleError:
+        return at_item(sample_error(self.index.where(i), e, "replace the sample in its shard"), i)
+
+    def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
+                  ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:
+        """ImageFolder.prep_rows with the batch's bytes fetched first (coalesced reads)."""
+        raws, errors = self.fetch_many(indices)
+        row = 0
+        for i in indices:
+            i = int(i)
+            try:
+                if i in errors:
+                    raise errors[i]
+                label = self._label(i)
+                self.prep_into(raws[i], i, epoch, images[row])
+            except SampleError as e:
+                skip_or_raise(self.on_error, self.counters, at_item(e, i))
+                continue
+            except Exception as e:  # not the item's fault; a prep worker's report names the item
+                at_item(e, i)
+                raise
+            labels[row] = label
+            if ids is not None:
+                ids[row] = i
+            if kept is not None:
+                kept.append(i)
+            row += 1
+        self.counters.add(samples=row)
+        return row
+
+    def __repr__(self) -> str:
+        return (f"WebDataset(urls={self.urls!r}, shards={len(self.shards)}, items={len(self)}, "
+                f"transform={self.transform!r}, size={self.size})")

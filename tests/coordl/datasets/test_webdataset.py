@@ -1,0 +1,241 @@
+"""coordl.WebDataset: tar shards made from an ImageFolder give that ImageFolder's batches (same
+items, pixels, labels and order for one seed), through coordl.DataLoader's caches, counters,
+workers, ranks and resume; the index is persisted; a batch's neighbours are one read; bad
+shards and members are SampleErrors naming the shard and the key.
+
+The mapping: the shards hold the ImageFolder's images in its manifest order, item i of the
+shards (in the order the brace pattern gives them) is item i of the ImageFolder, as member
+``<class>/<stem>.jpg`` with its label in ``<class>/<stem>.cls``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import warnings
+
+import pytest
+import torch
+
+import coordl
+from coordl.cache import shm, tarindex
+from coordl.manifest.build import scan
+
+PER_SHARD = 16
+
+
+def write_shards(root: str, out_dir: str, per_shard: int = PER_SHARD, drop_label: int | None = None,
+                 replace: dict[int, bytes] | None = None) -> tuple[str, list[str]]:
+    """Tar the ImageFolder at `root` in manifest order into WebDataset shards; (brace pattern, paths).
+    `drop_label`: an item written without its .cls; `replace`: items whose image bytes are these."""
+    m = scan(root, manifest_cache="off")
+    os.makedirs(out_dir, exist_ok=True)
+    count = (len(m) + per_shard - 1) // per_shard
+    paths = [os.path.join(out_dir, f"train-{s:06d}.tar") for s in range(count)]
+    for s, path in enumerate(paths):
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(s * per_shard, min(len(m), (s + 1) * per_shard)):
+                key = os.path.splitext(os.path.relpath(m.path(i), m.root))[0]
+                with open(m.path(i), "rb") as f:
+                    image = (replace or {}).get(i, f.read())
+                members = [(key + ".jpg", image)]
+                if i != drop_label:
+                    members.append((key + ".cls", str(int(m.labels[i])).encode()))
+                for name, data in members:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return os.path.join(out_dir, f"train-{{000000..{count - 1:06d}}}.tar"), paths
+
+
+@pytest.fixture
+def shards(tiny_root, tmp_path):
+    """(brace pattern, shard paths) of tiny_root: 40 items in 3 shards (16, 16, 8), of this test alone."""
+    return write_shards(tiny_root, str(tmp_path / "shards"))
+
+
+@pytest.fixture
+def dropped():
+    """Datasets appended here have their cache segment unlinked after the test."""
+    datasets: list = []
+    yield datasets
+    for ds in datasets:
+        if ds.cache is not None:
+            ds.cache.drop()
+        shm.unlink(os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint)))
+
+
+def _batches(loader):
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def _epoch(loader) -> dict[str, int]:
+    before = loader.stats()
+    for _ in loader:
+        pass
+    after = loader.stats()
+    return {k: after[k] - before[k] for k in before}
+
+
+def test_brace_patterns_expand_as_webdataset(shards, tmp_path):
+    pattern, paths = shards
+    ds = coordl.WebDataset(pattern, transform="val", size=32)
+    assert ds.shards == paths and len(ds) == 40
+    assert coordl.WebDataset(paths, transform="val").shards == paths
+    assert coordl.WebDataset(f"{paths[1]}::{paths[0]}", transform="val").shards == [paths[1], paths[0]]
+    from coordl.datasets.webdataset import expand_urls
+    assert expand_urls("s-{a,b}-{01..03}.tar") == [f"s-{c}-{k:02d}.tar" for c in "ab" for k in (1, 2, 3)]
+    with pytest.raises(coordl.DatasetError, match=r"7 of 10 shards are not files \(first: '.*train-000003.tar'"):
+        coordl.WebDataset(str(tmp_path / "shards" / "train-{000000..000009}.tar"))
+    with pytest.raises(coordl.ConfigError, match="object-storage URL"):
+        coordl.WebDataset("s3://bucket/train-{0..3}.tar")
+
+
+@pytest.mark.parametrize("transform,workers", [("train", 0), ("val", 2)])
+def test_batches_equal_the_imagefolder_of_the_same_jpegs(tiny_root, shards, transform, workers):
+    folder = coordl.ImageFolder(tiny_root, transform=transform, size=48, seed=7)
+    web = coordl.WebDataset(shards[0], transform=transform, size=48, seed=7)
+    assert web.targets == folder.targets and len(web) == len(folder)
+    assert web.index.key(0) == os.path.splitext(os.path.relpath(folder.samples[0][0], tiny_root))[0]
+    a = coordl.DataLoader(web, batch_size=8, shuffle=True, num_workers=workers)
+    b = coordl.DataLoader(folder, batch_size=8, shuffle=True, num_workers=workers)
+    for _ in range(2):  # two epochs: each item once, same pixels, labels and order
+        got, want = _batches(a), _batches(b)
+        assert len(got) == len(want) == 5
+        for (x, y), (u, v) in zip(got, want):
+            assert torch.equal(x, u) and torch.equal(y, v)
+        assert sorted(torch.cat([y for _, y in got]).tolist()) == sorted(folder.targets)
+    stats = a.stats()
+    assert stats["decodes"] == stats["samples"] == 80 and stats["errors_skipped"] == 0
+
+
+def test_items_and_fetch_are_the_files_bytes(tiny_root, shards):
+    folder = coordl.ImageFolder(tiny_root, transform="val", size=32)
+    web = coordl.WebDataset(shards[0], transform="val", size=32)
+    for i in (0, 17, 39):
+        assert bytes(web.fetch(i)) == bytes(folder.fetch(i))
+        x, y = web[i]
+        u, v = folder[i]
+        assert torch.equal(x, u) and y == v
+
+
+def test_the_index_is_built_once_and_persisted(shards, tmp_path):
+    before = dict(tarindex.BUILDS)
+    folder = str(tmp_path / "indexes")
+    a = coordl.WebDataset(shards[0], index_cache=folder)
+    b = coordl.WebDataset(shards[0], index_cache=folder)
+    assert tarindex.BUILDS["builds"] - before["builds"] == 1 and tarindex.BUILDS["loads"] - before["loads"] == 1
+    assert a.fingerprint == b.fingerprint
+    coordl.WebDataset(shards[0], index_cache=folder, reindex=True)
+    coordl.WebDataset(shards[0], index_cache="off")
+    assert tarindex.BUILDS["builds"] - before["builds"] == 3
+
+
+def test_a_batch_of_neighbours_is_one_read_per_shard(shards):
+    web = coordl.WebDataset(shards[0], transform="val", size=32)
+    loader = coordl.DataLoader(web, batch_size=8, shuffle=False)  # batches 0-7, 8-15 | 16-23, 24-31 | 32-39
+    stats = _epoch(loader)
+    assert stats["storage_reads"] == 5 and stats["samples"] == 40
+    sizes, offsets = web.index.size, web.index.offset
+    expected = sum(int(offsets[k + 7] + sizes[k + 7] - offsets[k]) for k in range(0, 40, 8))
+    assert stats["storage_bytes"] == expected
+    straddling = coordl.DataLoader(web, batch_size=20, shuffle=False)  # 0-19 spans shards 0 and 1
+    assert _epoch(straddling)["storage_reads"] == 2 + 2
+
+
+def test_half_size_minio_cache_exact_hits_in_epoch_two(shards, dropped):
+    web = coordl.WebDataset(shards[0], transform="val", size=32)
+    dropped.append(web)
+    n, total = len(web), web.index.total_bytes
+    loader = coordl.DataLoader(web, batch_size=8, shuffle=True, num_workers=2, cache=total // 2)
+    dropped.append(loader.dataset)
+    first = _epoch(loader)
+    assert first["cache_misses"] == n and first["cache_hits"] == 0
+    state = loader.stats()
+    items = state["cache_items"]
+    assert 0 < state["cache_bytes"] <= total // 2 and first["cache_inserts"] == items
+    for _ in range(2):
+        later = _epoch(loader)
+        assert later["cache_hits"] == items and later["cache_misses"] == n - items
+        assert later["cache_inserts"] == 0 and later["samples"] == n
+        assert 0 < later["storage_reads"] <= n - items
+    assert loader.stats()["cache_items"] == items
+
+
+def test_rank_shares_are_disjoint_and_cover(shards):
+    web = coordl.WebDataset(shards[0], transform="val", size=32)
+    seen = []
+    for rank in (0, 1):
+        loader = coordl.DataLoader(web, batch_size=4, shuffle=True, rank=rank, world_size=2)
+        labels = [v for _, y in loader for v in y.tolist()]
+        seen.append(loader.epoch_indices(0))
+        assert labels == [web.targets[i] for i in seen[-1]]
+    assert not set(seen[0]) & set(seen[1]) and sorted(seen[0] + seen[1]) == list(range(40))
+
+
+def test_resume_yields_the_remaining_batches(shards):
+    def build():
+        return coordl.DataLoader(coordl.WebDataset(shards[0], transform="train", size=32, seed=2), batch_size=8,
+                                 shuffle=True)
+
+    ref = _batches(build())
+    loader = build()
+    it = iter(loader)
+    next(it)
+    next(it)
+    state = loader.state_dict()
+    del it
+    again = build()
+    again.load_state_dict(state)
+    rest = _batches(again)
+    assert len(rest) == 3
+    for (x, y), (u, v) in zip(rest, ref[2:]):
+        assert torch.equal(x, u) and torch.equal(y, v)
+
+
+def test_a_missing_label_member_names_shard_and_key(tiny_root, tmp_path):
+    pattern, paths = write_shards(tiny_root, str(tmp_path / "s"), drop_label=20)
+    web = coordl.WebDataset(pattern, transform="val", size=32)
+    key = web.index.key(20)
+    with pytest.raises(coordl.SampleError, match=rf"train-000001\.tar: sample '{key}' has no label member"):
+        _epoch(coordl.DataLoader(web, batch_size=8))
+    skip = coordl.DataLoader(coordl.WebDataset(pattern, transform="val", size=32, on_error="skip"), batch_size=8)
+    stats = _epoch(skip)
+    assert stats["errors_skipped"] == 1 and stats["samples"] == 39
+
+
+def test_a_corrupt_image_member_names_shard_and_key(tiny_root, tmp_path):
+    pattern, _ = write_shards(tiny_root, str(tmp_path / "s"), replace={3: b"not a jpeg" * 50})
+    web = coordl.WebDataset(pattern, transform="train", size=32)
+    with pytest.raises(coordl.SampleError, match=rf"train-000000\.tar: sample '{web.index.key(3)}'"):
+        _epoch(coordl.DataLoader(web, batch_size=8, num_workers=2))
+    skip = coordl.WebDataset(pattern, transform="train", size=32, on_error="skip")
+    stats = _epoch(coordl.DataLoader(skip, batch_size=8, num_workers=2))
+    assert stats["errors_skipped"] == 1 and stats["samples"] == 39
+
+
+def test_a_truncated_shard_names_shard_and_key(shards):
+    pattern, paths = shards
+    index = tarindex.build_index([paths[2]])
+    key, cut = index.key(5), int(index.offset[5]) + 100
+    index.close()
+    with open(paths[2], "r+b") as f:
+        f.truncate(cut)
+    with pytest.raises(coordl.SampleError, match=rf"train-000002\.tar: the shard is damaged: .*'{key}'"):
+        coordl.WebDataset(pattern, transform="val", size=32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        web = coordl.WebDataset(pattern, transform="val", size=32, on_error="skip")
+    assert any("train-000002.tar" in str(w.message) for w in caught)
+    assert web.damaged_shards == [paths[2]] and len(web) == 38   # samples 0-5 of the last shard
+    stats = _epoch(coordl.DataLoader(web, batch_size=8))
+    assert stats["errors_skipped"] == 1 and stats["samples"] == 37  # sample 5 ends past the cut
+
+
+def test_a_file_that_is_not_a_tar_names_the_shard(shards):
+    pattern, paths = shards
+    with open(paths[1], "wb") as f:
+        f.write(b"garbage" * 1000)
+    with pytest.raises(coordl.SampleError, match=r"train-000001\.tar: the shard is damaged: not a readable tar"):
+        coordl.WebDataset(pattern)
