@@ -142,6 +142,21 @@ class MinIOCache:
         return None if self.name is None else os.path.join(self.directory, self.name)
 
     @property
+    def _fp(self) -> str:
+        """The fingerprint, once `open` was called (the private steps of opening need it)."""
+        if self.fingerprint is None:
+            raise CacheError("this MinIOCache is not open: call open(fingerprint, n_items) first")
+        return self.fingerprint
+
+    @property
+    def _named(self) -> str:
+        return shm.segment_name(self._fp, self._name)
+
+    @property
+    def _where(self) -> str:
+        return os.path.join(self.directory, self._named)
+
+    @property
     def is_open(self) -> bool:
         return self._seg is not None
 
@@ -188,14 +203,14 @@ class MinIOCache:
     def _published(self, seg: Segment) -> bool:
         """Is `seg` the file under the segment's name now (not unlinked, not replaced)?"""
         try:
-            named, mine = os.stat(self.path), os.fstat(seg.fd)
+            named, mine = os.stat(self._where), os.fstat(seg.fd)
         except FileNotFoundError:
             return False
         return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
 
     def _attach(self) -> Segment | None:
         try:
-            fd = os.open(self.path, os.O_RDWR)
+            fd = os.open(self._where, os.O_RDWR)
         except FileNotFoundError:
             return None
         try:
@@ -203,7 +218,7 @@ class MinIOCache:
             if os.fstat(fd).st_nlink == 0:  # dropped or cleaned up while we opened it
                 os.close(fd)
                 return None
-            seg = Segment(fd, self.path)
+            seg = Segment(fd, self._where)
         except BaseException:
             os.close(fd)
             raise
@@ -211,9 +226,9 @@ class MinIOCache:
         if theirs != self.fingerprint or n != self._n:
             seg.close()
             raise CacheError(
-                f"cache segment {self.path} holds dataset {theirs[:16]} ({n} items), "
-                f"not {self.fingerprint[:16]} ({self._n} items): pass another name=, or drop it "
-                f"(coordl cache drop {self.name})")
+                f"cache segment {self._where} holds dataset {theirs[:16]} ({n} items), "
+                f"not {self._fp[:16]} ({self._n} items): pass another name=, or drop it "
+                f"(coordl cache drop {self._named})")
         if seg.capacity != self.capacity:
             return self._replace(seg)
         return seg
@@ -226,7 +241,7 @@ class MinIOCache:
         try:
             users = seg.attached()
             if not users and self._published(seg):
-                os.unlink(self.path)
+                os.unlink(self._where)
         finally:
             shm.unlock_writer(seg.fd)
             seg.close()
@@ -238,7 +253,7 @@ class MinIOCache:
         asked = f"{shm.fmt_bytes(self.capacity)} ({self.capacity} bytes"
         if self.capacity != self.requested:
             asked += f", {shm.fmt_bytes(self.requested)} capped to the dataset's bytes"
-        return (f"cache segment {self.path} of dataset {self.fingerprint[:16]} has capacity "
+        return (f"cache segment {self._where} of dataset {self._fp[:16]} has capacity "
                 f"{shm.fmt_bytes(theirs)} ({theirs} bytes) and is in use by process(es) "
                 f"{', '.join(map(str, users))}; this cache asks for {asked}): pass {theirs} as "
                 f"the cache size to share it (cache={theirs}, or coordl serve --cache {theirs}), "
@@ -247,12 +262,12 @@ class MinIOCache:
     def _create(self) -> Segment | None:
         size = file_size(self._n, self.capacity)
         fd, tmp = shm.create_tmp(
-            self.directory, self.name, size,
+            self.directory, self._named, size,
             f"cache capacity {shm.fmt_bytes(self.capacity)} (segment {shm.fmt_bytes(size)} with its index)",
             f"pass a smaller cache (e.g. cache='{self._fitting_mib(size)}MiB')",
             allocate=data_offset(self._n))  # the arena: as it fills (NOTE [capacity])
         try:
-            seg = Segment.create(fd, tmp, self.capacity, self._n, self.fingerprint, self._label)
+            seg = Segment.create(fd, tmp, self.capacity, self._n, self._fp, self._label)
         except BaseException:
             os.close(fd)
             os.unlink(tmp)
@@ -263,10 +278,10 @@ class MinIOCache:
             seg.close()
             os.unlink(tmp)
             raise
-        if not shm.publish(tmp, self.path):
+        if not shm.publish(tmp, self._where):
             seg.close()
             return None  # another process published first: attach to it
-        seg.path = self.path
+        seg.path = self._where
         return seg
 
     def _fitting_mib(self, size: int) -> int:
