@@ -22,13 +22,14 @@ _LAZY = {
     "DataLoader": ".loader.dataloader", "collate": ".batch", "loader_stats": ".loader.dataloader",
     "ImageFolder": ".datasets.imagefolder", "PreparedBatch": ".batch",
     "CoordlDataset": ".datasets.imagefolder", "AudioFolder": ".datasets.audio",
+    "WebDataset": ".datasets.webdataset",
     "MinIOCache": ".loader.caching", "PartitionedCache": ".loader.partitioned",
     "profile": ".profiler", "merge_states": ".loader.elastic",
 }
 
 __all__ = [
     "DataLoader", "ImageFolder", "AudioFolder", "CoordlDataset", "MinIOCache", "PartitionedCache", "PreparedBatch",
-    "collate", "loader_stats", "merge_states", "profile", "__version__",
+    "WebDataset", "collate", "loader_stats", "merge_states", "profile", "__version__",
     "CoordlError", "ConfigError", "DatasetError", "SampleError", "CacheError", "CoordinatorError",
 ]
 
@@ -55,6 +56,7 @@ if "torch" in sys.modules:
 if TYPE_CHECKING:
     from coordl.datasets.audio import AudioFolder
     from coordl.datasets.imagefolder import CoordlDataset, ImageFolder, PreparedBatch
+    from coordl.datasets.webdataset import WebDataset
     from coordl.loader.caching import MinIOCache
     from coordl.loader.dataloader import DataLoader, collate, loader_stats
     from coordl.loader.elastic import merge_states
