@@ -266,3 +266,20 @@ def test_the_bench_runs_on_a_few_clips(tmp_path):
     stats = result["stats_coordl_total"]
     assert stats["storage_reads"] == stats["decodes"] == stats["samples"] == 16
     assert "coordl / torch" in open(out + ".md").read()
+
+
+def test_partitioned_cache_serves_epoch_2_from_two_nodes(audio_root, redis_nodes):
+    """Two cache nodes on this machine, this process as node 0: epoch 2 reads nothing from storage."""
+    nodes = [redis_nodes().url, redis_nodes().url]
+    cache = coordl.PartitionedCache(nodes, 0)
+    ds = coordl.AudioFolder(audio_root, transform="train", channels=1)
+    n = len(ds)
+    loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, cache=cache)
+    plain = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=0)
+    first, counts = _epoch(loader)
+    assert counts["storage_reads"] == n and counts["storage_bytes"] == ds.manifest.total_bytes
+    second, counts = _epoch(loader)
+    assert counts["storage_reads"] == 0 and counts["local_hits"] + counts["remote_hits"] == n
+    assert counts["local_hits"] > 0 and counts["remote_hits"] > 0
+    assert _same(first, _epoch(plain)[0]) and _same(second, _epoch(plain)[0])
+    cache.close()
