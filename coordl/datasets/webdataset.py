@@ -39,7 +39,11 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[s
     """Shard paths from `urls` as webdataset reads them: a string may hold brace patterns
     (``train-{000000..000146}.tar``, ``{a,b}.tar``) and several patterns joined by ``::``;
     a list is expanded element by element."""
-    from braceexpand import braceexpand
+    try:
+        from braceexpand import braceexpand
+    except ImportError:
+        raise ConfigError("coordl.WebDataset expands brace patterns with the braceexpand package, which "
+                          "is not installed: pip install 'coordl[webdataset]' (or braceexpand)") from None
 
     if isinstance(urls, (str, os.PathLike)):
         urls = os.fspath(urls).split("::")
