@@ -68,12 +68,14 @@ def shm_session_dir():
 
 # -- tiers: `pytest -m "not slow"` is the fast tier a developer runs before every commit ------------
 # Assigned here, by folder, file and fixture, never test by test: a new test lands in the right tier
-# by where it lives and what it starts. `slow` = starts a `coordl serve` daemon (the `serve` and
-# `sockdir` fixtures), runs a training framework (integrations/), a benchmark (bench/), a whole
-# profile run, or the demo.
+# by where it lives and what it starts. `slow` = starts a `coordl serve` daemon (the `serve`,
+# `shared_serve` and `sockdir` fixtures), runs a training framework (integrations/), a benchmark (bench/), a whole
+# profile run, or the demo; kills or stalls an object store and waits out its timeouts, or runs whole
+# loaders over one (objstore/ fault and end-to-end files); sweeps every corruption of a JPEG corpus.
 SLOW_FOLDERS = ("integrations", "bench")
-SLOW_FILES = ("coordl/profiler/test_profile.py", "coordl/profiler/test_cli_profile.py", "coordl/test_demo.py")
-SLOW_FIXTURES = {"serve", "sockdir"}
+SLOW_FILES = ("coordl/profiler/test_profile.py", "coordl/profiler/test_cli_profile.py", "coordl/test_demo.py",
+              "objstore/test_objstore_faults.py", "objstore/test_imagefolder_s3.py", "pipelines/test_corrupt.py")
+SLOW_FIXTURES = {"serve", "sockdir", "shared_serve"}
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 
 

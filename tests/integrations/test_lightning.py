@@ -10,8 +10,12 @@ def _steps(out, rank=0):
     return json.loads((out / f"steps-rank{rank}.json").read_text())
 
 
-@pytest.mark.parametrize("devices,use_ds,workers", [(1, 1, 0), (1, 1, 2), (2, 1, 0), (2, 0, 2)],
-                         ids=["1proc-w0", "1proc-w2", "ddp-lightning-sampler-w0", "ddp-coordl-ranks-w2"])
+# Three sets, each adding something: one process (Lightning leaves the sampler alone), DDP with
+# Lightning's DistributedSampler, DDP with coordl's own ranks. Workers 0 and 2 are each covered
+# (a one-process run with 2 workers was a fourth set: its sampler and its workers' resume are
+# the DDP-coordl-ranks run's, per rank; dropped to keep the suite in budget, issue 26).
+@pytest.mark.parametrize("devices,use_ds,workers", [(1, 1, 0), (2, 1, 0), (2, 0, 2)],
+                         ids=["1proc-w0", "ddp-lightning-sampler-w0", "ddp-coordl-ranks-w2"])
 def test_sharded_once_and_mid_epoch_checkpoint_resumes_exactly(ids_root, tmp_path, job, devices, use_ds, workers):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     full.mkdir()

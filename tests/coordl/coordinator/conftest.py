@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -12,6 +13,7 @@ import sys
 import tempfile
 import time
 
+import psutil
 import pytest
 
 from coordl.coordinator import client, segments
@@ -57,6 +59,38 @@ def sockdir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _start(sockdir: str, root: str, batch_size: int = 4, size: int = 32, name: str = "s.sock",
+           program: list[str] | None = None, new_session: bool = False, **options) -> Served:
+    """Start one `coordl serve` with its socket and log in `sockdir`; wait until it listens."""
+    sock = os.path.join(sockdir, name)
+    log = os.path.join(sockdir, name + ".err")
+    argv = [*(program or [COORDL]), "serve", "--data", root, "--batch-size", str(batch_size), "--size", str(size),
+            "--socket", sock, "--workers", str(options.pop("workers", 2))]
+    options.setdefault("join_window", 0)
+    for key, value in options.items():
+        if value is None:
+            continue
+        flag = f"--{key.replace('_', '-')}"
+        argv += [flag] if value is True else [flag, str(value)]
+    with open(log, "w") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
+                                start_new_session=new_session)
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    line = proc.stdout.readline() if ready else ""
+    if "listening" not in line:
+        proc.kill()
+        proc.wait()
+        with open(log) as f:
+            pytest.fail(f"coordl serve did not start: {line!r}\n{f.read()}")
+    return Served(proc, sock, log)
+
+
+def _stop(served: Served) -> None:
+    if served.proc.poll() is None:
+        served.stop()
+    served.proc.stdout.close()
+
+
 @pytest.fixture
 def serve(sockdir):
     """serve(root, batch_size=4, size=32, **options) -> Served; every daemon is stopped after the test.
@@ -65,40 +99,54 @@ def serve(sockdir):
     window is 0 unless a test asks for one (join_window=None: the daemon's default). `program`
     replaces the `coordl` command (argv before "serve"); `new_session=True` starts it in a
     process group of its own (a test may then signal the whole group, as systemd or a shell's
-    `kill -- -PGID` does)."""
+    `kill -- -PGID` does). A test that only reads batches or status from a daemon with the
+    defaults over tiny_root uses `shared_serve` instead."""
     started: list[Served] = []
 
-    def start(root: str, batch_size: int = 4, size: int = 32, name: str = "s.sock",
-              program: list[str] | None = None, new_session: bool = False, **options) -> Served:
-        sock = os.path.join(sockdir, name)
-        log = os.path.join(sockdir, name + ".err")
-        argv = [*(program or [COORDL]), "serve", "--data", root, "--batch-size", str(batch_size), "--size", str(size),
-                "--socket", sock, "--workers", str(options.pop("workers", 2))]
-        options.setdefault("join_window", 0)
-        for key, value in options.items():
-            if value is None:
-                continue
-            flag = f"--{key.replace('_', '-')}"
-            argv += [flag] if value is True else [flag, str(value)]
-        with open(log, "w") as err:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
-                                    start_new_session=new_session)
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        line = proc.stdout.readline() if ready else ""
-        if "listening" not in line:
-            proc.kill()
-            proc.wait()
-            with open(log) as f:
-                pytest.fail(f"coordl serve did not start: {line!r}\n{f.read()}")
-        served = Served(proc, sock, log)
+    def start(root: str, **kw) -> Served:
+        served = _start(sockdir, root, **kw)
         started.append(served)
         return served
 
     yield start
     for served in started:
-        if served.proc.poll() is None:
-            served.stop()
-        served.proc.stdout.close()
+        _stop(served)
+
+
+@pytest.fixture(scope="module")
+def _module_daemon(tiny_root):
+    """The daemon behind `shared_serve`: one per test module, started on first use; at the end
+    of the module it must stop cleanly (exit 0, no segment left, no worker left)."""
+    path = tempfile.mkdtemp(prefix="cdl-", dir="/tmp")
+    served = _start(path, tiny_root)
+    try:
+        yield served
+        assert served.stop() == 0, f"the shared daemon exited {served.proc.returncode}:\n{served.log_text()}"
+        assert served.segments_left() == []
+        assert [p for p in served.workers if psutil.pid_exists(p) and
+                psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        _stop(served)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_serve(_module_daemon):
+    """One `coordl serve` over tiny_root with the `serve` defaults (batch 4, size 32, 2 workers,
+    join window 0, no --epochs), shared by the read-only tests of a module: tests that attach
+    jobs, read batches or status, or are refused, and never stop, signal or reconfigure it (those
+    use `serve`). Each test starts with no job attached (the ones of an earlier test have gone)."""
+    served = _module_daemon
+    deadline = time.monotonic() + 10.0
+    while True:
+        assert served.proc.poll() is None, f"the shared daemon exited:\n{served.log_text()}"
+        if not served.status()["jobs"]:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"the shared daemon still has jobs of an earlier test: {served.status()['jobs']}")
+        gc.collect()  # a loader an earlier test dropped closes its connection when collected
+        time.sleep(0.05)
+    return served
 
 
 class Job:
