@@ -422,7 +422,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             rng = self._sampler_rng.saved if self._sampler_rng is not None else None
             rest = self._plan.rests.get(pos.epoch) if self._plan is not None else None
             return resume.make_state(self._identity(), pos.epoch, pos.received, rng, self.rank,
-                                     rest[1] if rest is not None else [])
+                                     rest.stages if rest is not None else [])
         return resume.make_state(self._identity(), self._next_epoch, 0, None, self.rank)
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
@@ -441,7 +441,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._next_epoch, self._skip = point.epoch, point.skip
             self._plan.rests.clear()
             if point.rest is not None:
-                self._plan.rests[point.epoch] = (point.rest, point.stages)
+                self._plan.rests[point.epoch] = point
             return
         length = None if isinstance(self.dataset, IterableDataset) else len(self)
         epoch, batches, rng = resume.check_state(state, self._identity(), length)

@@ -108,10 +108,10 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         self.items, self.seed, self.shuffle = int(items), int(seed), bool(shuffle)
         self.rank, self.world_size, self.drop_last = rank, world_size, bool(drop_last)
         self.epoch = 0
-        # epoch -> (positions of its order still to read, the stages that read the others): an epoch
-        # resumed from another job's states (coordl/loader/elastic.py). Shared by the loader's plan
-        # and rank samplers (the same dict object), set by load_state_dict.
-        self.rests: dict[int, tuple[np.ndarray, list]] = {}
+        # epoch -> its ResumePoint (coordl/loader/elastic.py: .rest, the positions of its order still
+        # to read, and .stages): an epoch resumed from another job's states. Shared by
+        # the loader's plan and rank samplers (the same dict object), set by load_state_dict.
+        self.rests: dict = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -121,7 +121,7 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         from another job, the part of it that job had not read (`rests`)."""
         order = epoch_order(self.items, self.seed, epoch, self.shuffle)
         rest = self.rests.get(epoch)
-        return order if rest is None else order[rest[0]]
+        return order if rest is None else order[rest.rest]
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's items of `epoch` (default: the current one), in order."""
@@ -133,8 +133,8 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         return (EpochIndex(i, epoch) for i in self.indices().tolist())
 
     def __len__(self) -> int:
-        # a whole epoch's, also for a resumed epoch's rest (as torch's len after any resume:
-        # frameworks read it once, e.g. Lightning's batches per epoch, after iter())
+        # a whole epoch's share, also in an epoch resumed from another job's states, as after any
+        # resume: frameworks read len once and keep it for every epoch (Lightning, after iter())
         return share_size(self.items, self.world_size, self.drop_last)
 
     def __repr__(self) -> str:
