@@ -239,3 +239,15 @@ def test_a_file_that_is_not_a_tar_names_the_shard(shards):
         f.write(b"garbage" * 1000)
     with pytest.raises(coordl.SampleError, match=r"train-000001\.tar: the shard is damaged: not a readable tar"):
         coordl.WebDataset(pattern)
+
+
+def test_partitioned_cache_serves_epoch_two(shards, redis_nodes):
+    node = redis_nodes()
+    web = coordl.WebDataset(shards[0], transform="val", size=32)
+    loader = coordl.DataLoader(web, batch_size=8, shuffle=True, num_workers=2,
+                               cache=coordl.PartitionedCache([node.url], 0))
+    first = _epoch(loader)
+    assert first["samples"] == 40 and 0 < first["storage_reads"] <= 40
+    second = _epoch(loader)
+    assert second["storage_reads"] == 0 and second["samples"] == 40
+    assert second["local_hits"] + second["remote_hits"] == 40
