@@ -39,10 +39,11 @@ from __future__ import annotations
 import functools
 import logging
 import mmap
+import multiprocessing.context as mp_context
 import os
 import time
 import weakref
-from multiprocessing import context, reduction
+from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,7 @@ class NodeHealth:
     def state(self) -> Any:
         """What pickling carries: the fd while multiprocessing starts a process (it passes the fd),
         else nothing (the copy makes a table of its own)."""
-        return reduction.DupFd(self._fd) if context.get_spawning_popen() is not None else None
+        return reduction.DupFd(self._fd) if mp_context.get_spawning_popen() is not None else None
 
     @classmethod
     def from_state(cls, n_nodes: int, state: Any) -> NodeHealth:

@@ -145,7 +145,7 @@ class NodeConfig:
             lines += [f'pidfile "{self.pidfile(directory)}"',
                       f'logfile "{os.path.join(directory, f"coordl-cache-node-{self.port}.log")}"']
         if self.user:
-            digest = hashlib.sha256(self.password.encode()).hexdigest()  # no quoting of the password at all
+            digest = hashlib.sha256((self.password or "").encode()).hexdigest()  # no quoting of the password at all
             lines += ["user default off", f"user {self.user} on #{digest} ~coordl:* resetchannels -@all "
                       + " ".join(f"+{c}" for c in ACL_COMMANDS)]
         elif self.password:
@@ -199,8 +199,11 @@ def launch(cfg: NodeConfig, directory: str, daemonize: bool = False,
     except FileNotFoundError:
         raise CacheError(f"{executable} is not installed: apt-get install redis-server "
                          "(or put redis-server on PATH)") from None
-    proc.stdin.write(("\n".join(cfg.lines(directory, daemonize)) + "\n").encode())
-    proc.stdin.close()
+    stdin = proc.stdin
+    if stdin is None:  # Popen(stdin=PIPE) always gives one
+        raise CacheError(f"{executable}: no stdin pipe to send the configuration on")
+    stdin.write(("\n".join(cfg.lines(directory, daemonize)) + "\n").encode())
+    stdin.close()
     return proc
 
 

@@ -108,7 +108,8 @@ class WorkerBuffers:
     def _new(self, nbytes: int) -> tuple[torch.UntypedStorage, np.ndarray]:
         capacity = -(-nbytes // TRAILER) * TRAILER
         buf = new_shared(capacity + TRAILER)
-        trailer = torch.empty(0, dtype=torch.uint8).set_(buf, capacity, (TRAILER,)).numpy()
+        trailer = torch.empty(0, dtype=torch.uint8).set_(  # pyright: ignore[reportCallIssue] (storage, offset, size)
+            buf, capacity, (TRAILER,)).numpy()
         trailer[1:8] = np.frombuffer(_MAGIC, dtype=np.uint8)
         trailer[8:16] = np.frombuffer(np.int64(self.fork.pid).tobytes(), dtype=np.uint8)
         return buf, trailer

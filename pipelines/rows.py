@@ -68,7 +68,7 @@ def top_rows(img: Image.Image, raw, rows: int) -> Image.Image | None:
     width, height = img.size
     if rows >= height or bytes(raw[-2:]) != _EOI:
         return None
-    name, _extent, offset, args = img.tile[0]  # can_stop_early: an ImageFile
+    name, _extent, offset, args = getattr(img, "tile")[0]  # noqa: B009 (can_stop_early: an ImageFile)
     decoder = Image._getdecoder(img.mode, name, args, getattr(img, "decoderconfig", ()))
     core = Image.core.new("RGB", (width, rows))
     for x in (0, width - 1):  # only the last row's ends: filling it all costs a full pass

@@ -89,9 +89,11 @@ def start_cmd(cache: str, port: int, bind: str, password_file: str | None, user:
                          "or stop what listens there")
     _remove(cfg.pidfile(directory), cfg.recordfile(directory))  # a dead node's, proven not live above
     proc = redisnode.launch(cfg, directory, daemonize=True)
-    out = proc.stdout.read()      # redis-server forks; the parent's output ends when it exits
+    stdout = proc.stdout
+    out = stdout.read() if stdout is not None else b""  # redis-server forks; the parent's output ends when it exits
     proc.wait(timeout=60)
-    proc.stdout.close()
+    if stdout is not None:
+        stdout.close()
     if proc.returncode != 0:
         raise CacheError(f"redis-server did not start on port {port}: "
                          f"{nodeurl.scrub(out.decode(errors='replace').strip()[-400:], cfg.url) or 'no output'}")
@@ -137,9 +139,11 @@ def stop_cmd(port: int, directory: str) -> None:
     as recorded by `start`; a stale pid file naming any other process is left alone."""
     cfg = redisnode.NodeConfig(port=port)
     pid, why = redisnode.node_pid(cfg, directory)
-    if pid is None:
+    record = nodeproc.read_record(cfg.recordfile(directory))
+    if pid is None or record is None:
         _not_proven(cfg, directory, why)
-    start = nodeproc.read_record(cfg.recordfile(directory))["start"]
+        return
+    start = record["start"]
     if not redisnode.stop_pid(pid, start=start):
         raise CacheError(f"cache node on port {port} (pid {pid}) did not exit: kill {pid}")
     _remove(cfg.pidfile(directory), cfg.recordfile(directory))

@@ -41,7 +41,8 @@ def cache_for(dataset: Any, cache: Any) -> Any:
     label = str(getattr(dataset, "root", ""))
     if isinstance(cache, minio.MinIOCache):  # capped to what the dataset can use (NOTE [capacity])
         return cache.open(fingerprint, len(dataset), label=label, dataset_bytes=dataset_bytes(dataset))
-    return cache.open(fingerprint, len(dataset), label=label)
+    opener: Any = getattr(cache, "open")  # noqa: B009 (any cache with open(fingerprint, items, label=): checked above)
+    return opener(fingerprint, len(dataset), label=label)
 
 
 def dataset_bytes(dataset: Any) -> int | None:

@@ -75,7 +75,7 @@ def _batch_size(loader) -> int:
 
 
 def _gpu_export(tensors) -> torch.Tensor:
-    from nvidia.dali.plugin.pytorch import feed_ndarray
+    from nvidia.dali.plugin.pytorch.torch_utils import feed_ndarray
 
     dense = tensors.as_tensor()
     out = torch.empty(dense.shape(), dtype=torch.uint8, device=torch.device("cuda", torch.cuda.current_device()))

@@ -40,7 +40,7 @@ class _Counting:
 
     def __next__(self):
         try:
-            batch = super().__next__()
+            batch = super().__next__()  # pyright: ignore[reportAttributeAccessIssue] (a mixin before torch's iterator)
         except StopIteration:
             self._position.active = False
             raise
