@@ -327,3 +327,43 @@ def test_elastic_resume_in_fresh_processes_with_workers(ids_root, tmp_path):
         del plain
         got += [i for i, _ in mine]
     assert set(got) == set(rest) and len(got) == len(rest) + (len(rest) % 2)
+
+
+def test_elastic_resume_through_a_minio_cache(ids_root, tmp_path):
+    """3 ranks -> 2 with a node-wide MinIO cache: the same items, the same bytes as without."""
+    import shutil
+
+    from coordl.cache import shm
+
+    root = str(tmp_path / "data")
+    shutil.copytree(ids_root, root, copy_function=shutil.copy)   # fresh mtimes: a cache of this test
+    try:
+        def cached(rank, world):
+            ds = coordl.ImageFolder(root, transform="train", size=8, seed=SEED)
+            return coordl.DataLoader(ds, batch_size=BATCH, shuffle=True, rank=rank, world_size=world,
+                                     cache=2**20)
+        read, states = [], []
+        for rank, cut in enumerate([2, 0, 3]):
+            loader = cached(rank, 3)
+            loader.set_epoch(1)
+            it = iter(loader)
+            read += _samples(next(it) for _ in range(cut))
+            states.append(loader.state_dict())
+            del it, loader
+        ref1 = _reference(ids_root, 1)
+        rest = _rest(epoch_order(ITEMS, SEED, 1).tolist(), [i for i, _ in read])
+        hits = 0
+        for rank in range(2):
+            loader = cached(rank, 2)
+            loader.load_state_dict(states)
+            mine = _samples(loader)
+            assert [i for i, _ in mine] == rank_share(np.array(rest), rank, 2).tolist()
+            assert all(ref1[i] == h for i, h in mine + read)
+            hits += loader.stats()["cache_hits"]
+            del loader
+        assert hits == 0        # the rest was never read before: nothing of it was cached
+    finally:
+        ds = coordl.ImageFolder(root, transform="train", size=8, seed=SEED)
+        path = os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint))
+        if os.path.exists(path):
+            os.unlink(path)
