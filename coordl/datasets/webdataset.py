@@ -62,6 +62,21 @@ def _local(url: str) -> str:
     return url
 
 
+class _Manifest:
+    """What coordl's other parts read of a dataset's manifest, over a tar index: the items' count,
+    bytes (caps a MinIO cache), labels and sizes, and `path(i)` naming the shard and key."""
+
+    def __init__(self, index: tarindex.TarIndex) -> None:
+        self.index, self.labels, self.sizes = index, index.label, index.size
+        self.fingerprint, self.total_bytes = index.fingerprint, index.total_bytes
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def path(self, i: int) -> str:
+        return self.index.where(i)
+
+
 class WebDataset(ImageFolder):
     """A map-style dataset over WebDataset tar shards, with ImageFolder's pipeline.
 
@@ -126,7 +141,7 @@ class WebDataset(ImageFolder):
         self.damaged_shards = [s for s, _ in damaged]
         self.urls, self.shards, self.max_gap = urls, list(self.index.shards), int(max_gap)
         self.label_ext = label_ext.lower().lstrip(".")
-        self.manifest = self.index       # total_bytes caps a MinIO cache; len
+        self.manifest = _Manifest(self.index)
         self.objects = None
         self.root = os.fspath(urls) if isinstance(urls, (str, os.PathLike)) else self.shards[0]
         self.transform, self.size, self.on_error, self.seed = transform, size, on_error, int(seed)
