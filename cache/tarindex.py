@@ -179,6 +179,10 @@ class TarIndex:
                     os.close(fd)
             self._fds = os.getpid(), {}
 
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
     def read(self, i: int, drop_page_cache: bool = False) -> bytes:
         """Item i's image bytes (one pread); raises SampleError naming shard and key."""
         data, errors, _, _ = self.read_many([i], drop_page_cache)
