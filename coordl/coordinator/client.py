@@ -62,6 +62,7 @@ import weakref
 import torch
 
 from coordl import names
+from coordl.batch import PreparedBatch
 from coordl.cache.forkguard import ForkGuard
 from coordl.datasets.imagefolder import CoordlDataset
 from coordl.errors import ConfigError, CoordinatorError, SampleError
@@ -129,6 +130,7 @@ class Client:
         self._current: EpochIterator | None = None   # the epoch under way (for state_dict)
         self._resumed_at = 0  # batches of `next_epoch` received before a restart (load_state_dict)
         self.batches = self.samples = self.failed_batches = 0  # received by this job
+        self._framework_epoch: EpochIterator | None = None  # framework_batch's epoch under way
         self._finalizer = weakref.finalize(self, _Channel.close, self.channel, "the job closed it")
 
     # -- facts the daemon told us --
@@ -189,6 +191,36 @@ class Client:
             images = _copy_out(images)
             labels, ids = labels.clone(), ids.clone()
         return CoordinatedBatch(images.permute(0, 3, 1, 2), labels, ids, ready.epoch, ready.index)
+
+    def framework_batch(self, indices) -> PreparedBatch:
+        """The daemon's next batch, for a loader a framework re-created from ``loader.dataset``
+        (Accelerate's DataLoaderShard) that asks the dataset for batches itself (the bound
+        dataset's ``__getitems__`` calls this: its binding holds this client).
+
+        The daemon decides the order (the requested indices only count the batches: the batch
+        sampler of the coordinated loader has the daemon's batch size, drop_last and length);
+        the batch is copied out of the ring, since such loaders fetch a batch ahead.
+        """
+        if torch.utils.data.get_worker_info() is not None:
+            raise CoordinatorError(
+                "a coordinated loader (coordinator=...) was rebuilt with worker processes by a framework "
+                "(e.g. Accelerate's prepare()): the daemon prepares the batches, so build the "
+                "coordl.DataLoader with num_workers=0 before handing it over")
+        for _ in range(2):
+            if self._framework_epoch is None:
+                self._framework_epoch = self.epoch(pin_memory=True)
+            try:
+                batch = next(self._framework_epoch)
+                break
+            except StopIteration:
+                self._framework_epoch = None
+        else:  # pragma: no cover - an epoch of the daemon has at least one batch
+            raise CoordinatorError("the coordinator sent an empty epoch")
+        if len(batch.images) > len(indices):  # fewer: the daemon skipped bad items (on_error="skip")
+            raise CoordinatorError(
+                f"the framework asked for a batch of {len(indices)} items and the coordinator holds "
+                f"{len(batch.images)}: build the loader with the daemon's --batch-size and drop_last")
+        return PreparedBatch(batch.images, batch.labels, batch.indices.tolist())
 
     def status(self) -> dict:
         """The daemon's status (see `coordl status`), over a connection of its own."""
@@ -385,4 +417,6 @@ def connect(address: str | os.PathLike, dataset, batch_size, shuffle, drop_last,
         raise ConfigError(f"coordinator=... decides the order and the batches, so it cannot honour "
                           f"{', '.join(custom)}=: leave {' and '.join(custom)} unset, or drop "
                           "coordinator= to load locally")
-    return Client(address, dataset, batch_size, bool(shuffle), bool(drop_last), timeout)
+    client = Client(address, dataset, batch_size, bool(shuffle), bool(drop_last), timeout)
+    dataset.binding.coordinator = client  # a loader a framework re-creates from loader.dataset:
+    return client                         # the dataset's __getitems__ asks `framework_batch`

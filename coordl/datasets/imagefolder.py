@@ -1,25 +1,29 @@
 """`coordl.ImageFolder`: torchvision's ImageFolder, split into fetch and prep.
 
-    fetch(i) -> bytes                      storage (or the MinIO cache) only
+    fetch(i) -> bytes                      the item's file: from the loader's cache (MinIO or
+                                           partitioned) when it holds it, else from storage
     prep(raw, i, epoch) -> (image, label)  decode + augment only
 
-`ds[i]` is `prep(fetch(i), i, ds.epoch)`. `__getitems__` (what torch's
-DataLoader calls for a batch) writes each sample straight into its slot of
-one uint8 (B, H, W, 3) batch buffer, allocated in shared memory inside a
-worker so the batch reaches the training process by file descriptor, with no
-pickling of pixels. The batch is handed out as (B, 3, H, W) in channels_last
-memory format.
+`ds[i]` is `prep(fetch(i), i, ds.epoch)`. For transform "train" or "val",
+`__getitems__` (what torch's DataLoader calls for a batch) writes each sample
+straight into its row of one uint8 (B, H, W, 3) batch buffer, in shared
+memory when it runs in a worker process (the batch reaches the training
+process by file descriptor, with no pickling of pixels), and hands the batch
+out as (B, 3, H, W) in channels_last memory format; for any other transform
+it returns the list of samples, as torch's would.
 
 An item's augmentation is a pure function of (seed, epoch, index), so batches
 are identical whatever `num_workers` is. The epoch comes with each batch of
-indices from `coordl.DataLoader` (see loader.EpochBatch), so persistent
-workers need no message to learn it.
-"""
+indices from `coordl.DataLoader` (`EpochBatch`, coordl/loader/sampling.py), so
+persistent workers need no message to learn it.
 
+What the loader owns (counters, cache, batch buffers, a coordinator client)
+is not the dataset's: `bind` gives the loader a copy that carries one
+`Binding` (coordl/loader/binding.py); the dataset you made has none.
+"""
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -34,23 +38,17 @@ from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
 from coordl.cache.forkguard import ForkGuard
 from coordl.datasets import sources
+from coordl.datasets.base import CoordlDataset, epoch_of
 from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
-from coordl.errors import ConfigError, CoordinatorError, SampleError, at_item
-from coordl.loader.stats import Counters
+from coordl.errors import ConfigError, SampleError, at_item
+from coordl.loader.binding import NO_COUNTERS, NoCounters
 from coordl.manifest.build import IMG_EXTENSIONS, scan
 from coordl.pipelines import cpu, crop
 
 _TRANSFORMS, _ON_ERROR = names.TRANSFORMS, names.ON_ERROR  # (coordl/names.py)
 
 
-class _NoCounters:
-    """Counts nothing: a dataset used outside a coordl.DataLoader has no shared counter block."""
-
-    def add(self, **amounts: int) -> None:
-        pass
-
-
-_NO_COUNTERS = _NoCounters()
+_NoCounters, _NO_COUNTERS = NoCounters, NO_COUNTERS  # (coordl/loader/binding.py)
 
 
 _READERS: tuple[ForkGuard, concurrent.futures.ThreadPoolExecutor] | None = None
@@ -85,49 +83,7 @@ def _check_size(size: Any) -> int | tuple[int, int]:
                       "two positive ints, as torchvision takes it: e.g. size=224 or size=(224, 160)")
 
 
-def _epoch_of(indices: Sequence[int], default: int) -> int:
-    """The epoch the loader tagged a batch (or its first index) with, else the dataset's own."""
-    epoch = getattr(indices, "epoch", None)
-    if epoch is None and len(indices):
-        epoch = getattr(indices[0], "epoch", None)
-    return default if epoch is None else epoch
-
-
-class CoordlDataset(torch.utils.data.Dataset):
-    """The marker of a dataset that `coordl.DataLoader` may bind, cache and coordinate.
-
-    Subclasses split an item into ``fetch(i) -> bytes`` (storage or a cache) and
-    ``prep(raw, i, epoch) -> sample`` (decode + augment), take ``set_epoch``, and
-    implement `bind`. A user dataset that merely has methods of those names is
-    *not* one: coordl.DataLoader treats it exactly as torch does.
-    """
-
-    seed: int = 0
-
-    def fetch(self, i: int):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def prep(self, raw, i: int, epoch: int | None = None, out=None):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def set_epoch(self, epoch: int) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def bind(self, *, counters: Counters, cache: Any = None, drop_page_cache: bool = False):
-        """A light copy of this dataset that counts into `counters` and reads through `cache`.
-
-        The copy shares everything read-only (the manifest arrays); the loader owns it and
-        may set its batch buffers and epoch. The dataset the user passed is never changed.
-        """
-        bound = copy.copy(self)
-        bound.counters, bound.cache, bound.drop_page_cache = counters, cache, bool(drop_page_cache)
-        bound.batch_slots, bound._buffers = 0, None
-        return bound
-
-    @property
-    def is_bound(self) -> bool:
-        """Is this a loader's bound copy (`bind`)? A loader built over one keeps its binding."""
-        return not isinstance(getattr(self, "counters", _NO_COUNTERS), _NoCounters)
+_epoch_of = epoch_of  # (coordl/datasets/base.py, as CoordlDataset and its binding properties)
 
 
 class ImageFolder(CoordlDataset):
@@ -188,14 +144,6 @@ class ImageFolder(CoordlDataset):
         self.classes = list(self.manifest.classes)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.epoch = 0
-        # What a loader's bound copy (`bind`) replaces; the user's object keeps these defaults.
-        self.counters: Any = _NO_COUNTERS  # coordl.stats.Counters of the loader
-        self.cache: Any = None             # a MinIO or partitioned cache
-        self.batch_slots = 0               # reusable batch buffers a worker may keep (coordl/buffers.py)
-        self._buffers: Any = None          # ... and, in a worker process, those buffers
-        self.drop_page_cache = False       # read storage without leaving pages behind
-        self.coordinator: Any = None       # the daemon client of a coordinated loader
-        self._coordinated_epoch: Any = None
 
     # -- torchvision attributes (built on demand: no per-item objects are kept) --
     @property
@@ -221,19 +169,17 @@ class ImageFolder(CoordlDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    # -- the two halves --
-    def fetch(self, i: int) -> bytes | memoryview:
-        """The encoded bytes of item i, from the cache when it holds them, else storage."""
-        cache = self.cache
-        if cache is not None:
-            if hasattr(cache, "get_many"):  # partitioned: the cache counts its own hits
-                hit = cache.get_many([i], self.counters).get(i)
-            else:
-                hit = cache.get(i)
-                self.counters.add(**({"cache_hits": 1} if hit is not None else {"cache_misses": 1}))
-            if hit is not None:
-                return hit
-        return self._read(i)
+    # -- the two halves (fetch: the base class's cache -> _read -> counters -> cache put) --
+    def read(self, i: int) -> bytes:
+        """Item i's encoded bytes from storage (the file, or the object at a URL): uncounted and
+        uncached (`fetch` is the counted, cached read)."""
+        path = self.manifest.path(i)
+        try:
+            if self.objects is not None:
+                return self.objects.read_ahead([i])[i].result()
+            return storage.read_file(path, drop_page_cache=self.drop_page_cache)
+        except OSError as e:
+            raise at_item(sample_error(path, f"cannot read the file ({e.strerror or e})", READABLE), i) from None
 
     def _read(self, i: int, pending: concurrent.futures.Future | None = None) -> bytes:
         """Item i from storage (or the read `pending` started), offered to the cache."""
@@ -287,8 +233,8 @@ class ImageFolder(CoordlDataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """One batch; a `PreparedBatch` for "train"/"val", else a list of samples."""
-        if self.coordinator is not None:
-            return self._from_coordinator(indices)
+        if self.coordinator is not None:  # a loader a framework re-created from loader.dataset
+            return self.coordinator.framework_batch(indices)  # (coordinator/client.py)
         epoch = _epoch_of(indices, self.epoch)
         if self.transform not in _TRANSFORMS:
             out = []
@@ -304,42 +250,13 @@ class ImageFolder(CoordlDataset):
         try:
             self.prep_rows(indices, epoch, images.numpy(), labels, kept=kept)
         except BaseException:
-            if pooled:
-                self._buffers.give_back(images.untyped_storage())
+            if pooled and self.binding is not None:  # pooled: the binding's buffers
+                self.binding.buffers.give_back(images.untyped_storage())
             raise
         n = len(kept)
         targets = torch.from_numpy(labels[:n]) if self.target_transform is None else \
             torch.utils.data.default_collate([self._target(i) for i in kept])
         return PreparedBatch(images[:n].permute(0, 3, 1, 2), targets, kept, pooled)
-
-    def _from_coordinator(self, indices: Sequence[int]) -> PreparedBatch:
-        """The daemon's next batch, for a loader a framework re-created from ``loader.dataset``
-        (Accelerate's DataLoaderShard) that asks the dataset for batches itself.
-
-        The daemon decides the order (the requested indices only count the batches: the batch
-        sampler of the coordinated loader has the daemon's batch size, drop_last and length);
-        the batch is copied out of the ring, since such loaders fetch a batch ahead.
-        """
-        if torch.utils.data.get_worker_info() is not None:
-            raise CoordinatorError(
-                "a coordinated loader (coordinator=...) was rebuilt with worker processes by a framework "
-                "(e.g. Accelerate's prepare()): the daemon prepares the batches, so build the "
-                "coordl.DataLoader with num_workers=0 before handing it over")
-        for _ in range(2):
-            if self._coordinated_epoch is None:
-                self._coordinated_epoch = self.coordinator.epoch(pin_memory=True)
-            try:
-                batch = next(self._coordinated_epoch)
-                break
-            except StopIteration:
-                self._coordinated_epoch = None
-        else:  # pragma: no cover - an epoch of the daemon has at least one batch
-            raise CoordinatorError("the coordinator sent an empty epoch")
-        if len(batch.images) > len(indices):  # fewer: the daemon skipped bad items (on_error="skip")
-            raise CoordinatorError(
-                f"the framework asked for a batch of {len(indices)} items and the coordinator holds "
-                f"{len(batch.images)}: build the loader with the daemon's --batch-size and drop_last")
-        return PreparedBatch(batch.images, batch.labels, batch.indices.tolist())
 
     def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
                   ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:
@@ -386,10 +303,11 @@ class ImageFolder(CoordlDataset):
         if torch.utils.data.get_worker_info() is None:
             return torch.empty((n, h, w, 3), dtype=torch.uint8), False
         nbytes = n * h * w * 3
-        if self.batch_slots and (self._buffers is None or self._buffers.fork.forked()):
-            self._buffers = WorkerBuffers(self.batch_slots)
-        if self.batch_slots:
-            storage_, pooled, fresh = self._buffers.acquire(nbytes)
+        binding = self.binding
+        if binding is not None and binding.batch_slots:
+            if binding.buffers is None or binding.buffers.fork.forked():  # made in each worker
+                binding.buffers = WorkerBuffers(binding.batch_slots)
+            storage_, pooled, fresh = binding.buffers.acquire(nbytes)
         else:
             storage_, pooled, fresh = new_shared(nbytes), False, True
         if fresh:

@@ -35,7 +35,6 @@ additionally:
 from __future__ import annotations
 
 import gc
-import platform
 import sys
 import weakref
 from collections.abc import Iterator
@@ -45,20 +44,21 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from coordl import names
 from coordl.batch import collate
-from coordl.buffers import EXTRA_SLOTS, TSO_MACHINES, check_platform
+from coordl.buffers import EXTRA_SLOTS
 from coordl.coordinator.client import connect
-from coordl.datasets.imagefolder import CoordlDataset
+from coordl.datasets.base import CoordlDataset, require_fingerprint
 from coordl.errors import ConfigError
 from coordl.loader import elastic, resume
+from coordl.loader.binding import Binding
 from coordl.loader.caching import cache_for
 from coordl.loader.iterators import MultiIter, Position, SingleIter
-from coordl.loader.sampling import EpochBatch, EpochIndex, PlanSampler, check_rank, plan_sampler
+from coordl.loader.options import LoaderOptions
+from coordl.loader.options import default_ranks as _default_ranks
+from coordl.loader.sampling import EpochBatch, EpochIndex, PlanSampler, plan_sampler
 from coordl.loader.stats import KEYS, Counters
 
 T_co = TypeVar("T_co", covariant=True)
-_BACKENDS = names.BACKENDS  # (coordl/names.py)
 
 
 class _IndexStream:
@@ -113,21 +113,11 @@ def is_coordl_dataset(dataset: Any) -> bool:
     return isinstance(dataset, CoordlDataset)
 
 
-def _default_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values, else torch.distributed's (read now), else (0, 1)."""
-    dist = torch.distributed
-    if world_size is None:
-        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if rank is None:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() and world_size > 1 else 0
-    check_rank(rank, world_size)
-    return rank, world_size
-
-
 class DataLoader(torch.utils.data.DataLoader[T_co]):
     """Drop-in replacement for `torch.utils.data.DataLoader`; see the module docstring.
 
-    Arguments beyond torch's:
+    Arguments beyond torch's (validated once by `coordl.loader.options.LoaderOptions`, which
+    the loader keeps as ``loader.options``):
         cache: ``"8GiB"``, a `coordl.MinIOCache` or a `coordl.PartitionedCache` (coordl datasets).
         drop_page_cache: read storage without leaving its pages in the page cache
             (default: on when there is a cache).
@@ -174,39 +164,21 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         dali_device: str = "cpu",
     ) -> None:
         _record_for_lightning(self, {k: v for k, v in locals().items() if k not in ("self", "__class__")})
+        opts = self.options = LoaderOptions(cache, drop_page_cache, coordinator, reuse_buffers, rank,
+                                            world_size, backend, dali_device)
         coordl_ds = is_coordl_dataset(dataset)
-        if backend not in _BACKENDS:
-            raise ConfigError(f"backend={backend!r} is not known: use 'cpu' (default) or 'dali'")
-        if backend == "dali":
-            _check_dali(dataset, coordl_ds, coordinator)
-        batched = batch_size is not None or batch_sampler is not None
-        if coordl_ds and collate_fn is None and batched:
+        opts.check_dataset(dataset, coordl_ds)
+        if coordl_ds and collate_fn is None and (batch_size is not None or batch_sampler is not None):
             collate_fn = collate
-        given = rank is not None or world_size is not None
-        self._ranks = (rank, world_size) if given else None  # None: torch.distributed's, read when used
-        _default_ranks(rank, world_size)                      # refuse bad values now
+        self._ranks = opts.ranks  # None: torch.distributed's, read when used
         user_sampler, user_shuffle = sampler, bool(shuffle)
         self._made_sampler = self._plan = None
         self._rank_cache: tuple = (None, None)
         sampler, shuffle = self._sharding(dataset, coordl_ds, sampler, batch_sampler, shuffle,
-                                          drop_last, generator, given)
-        if coordl_ds and dataset.is_bound and cache is None and drop_page_cache is None:
-            # a framework re-created the loader from loader.dataset: keep its counters and cache
-            self._counters = dataset.counters
-            if num_workers > self._counters.workers:
-                raise ConfigError(
-                    f"num_workers={num_workers}: this dataset is a coordl.DataLoader's (loader.dataset), "
-                    f"whose counters have rows for {self._counters.workers} workers; pass num_workers<="
-                    f"{self._counters.workers}, or build this loader over your original dataset")
-        elif coordl_ds:
-            self._counters = Counters(num_workers)
-            dataset = dataset.bind(counters=self._counters, **_cache_args(dataset, cache, drop_page_cache))
-        else:
-            self._counters = None
-        if not coordl_ds and (cache is not None or drop_page_cache is not None):
-            raise ConfigError(f"cache= and drop_page_cache= need a coordl dataset (e.g. coordl.ImageFolder), "
-                              f"not {type(dataset).__name__}: leave them unset")
-        self.backend = backend  # before torch's __init__: check_worker_number_rationality reads it
+                                          drop_last, generator, opts.ranks is not None)
+        dataset, self._counters = _bound(dataset, coordl_ds, opts, num_workers)
+        self.backend, self.dali_device = backend, dali_device  # backend before torch's __init__:
+        # check_worker_number_rationality reads it
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -214,15 +186,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         self._coordl_dataset = coordl_ds
-        if reuse_buffers is None:
-            reuse_buffers = platform.machine().lower() in TSO_MACHINES
-        elif reuse_buffers:
-            check_platform()
-        self.reuse_buffers = bool(reuse_buffers)
+        self.reuse_buffers = opts.buffers_reused
         self._lend_buffers()
-        if dali_device not in names.DALI_DEVICES:
-            raise ConfigError(f"dali_device={dali_device!r} must be 'cpu' or 'gpu' (DALI's mixed decode)")
-        self.dali_device = dali_device
         self._next_epoch = 0
         self.epoch = -1
         self._skip = 0        # batches of the next epoch already received (load_state_dict)
@@ -230,12 +195,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._position = Position()
         self._sampler_rng = resume.SamplerRNG(self.sampler) if type(self.sampler) is RandomSampler else None
         self._coordinator = None if coordinator is None else connect(
-            coordinator, dataset, batch_size, user_shuffle, drop_last, timeout,
+            coordinator, self.dataset, batch_size, user_shuffle, drop_last, timeout,
             custom=[a for a, v in (("sampler", user_sampler),
                                    ("batch_sampler", batch_sampler),
                                    ("collate_fn", collate_fn)) if v not in (None, collate)])
-        if self._coordinator is not None:
-            self.dataset.coordinator = self._coordinator  # for a framework that rebuilds the loader
 
     def _sharding(self, dataset, coordl_ds, sampler, batch_sampler, shuffle, drop_last, generator, given):
         """The sampler that gives this rank its share (and, for coordl datasets, the plan's order)."""
@@ -317,12 +280,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _lend_buffers(self) -> None:
         """Tell the bound dataset how many reusable batch buffers each worker may keep (0: none).
 
-        Set on the dataset, not the iterator, so that a loader a framework re-creates from
+        Set on the dataset's binding, not the iterator, so that a loader a framework re-creates from
         ``loader.dataset`` (Accelerate's `prepare`) reuses buffers too (coordl/buffers.py)."""
         if not self._coordl_dataset:
             return
         pooled = self.reuse_buffers and self.collate_fn is collate and self._auto_collation
-        self.dataset.batch_slots = (self.prefetch_factor or 2) + EXTRA_SLOTS if pooled else 0
+        self.dataset.binding.batch_slots = (self.prefetch_factor or 2) + EXTRA_SLOTS if pooled else 0
 
     @property
     def _bound(self):
@@ -465,22 +428,27 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return totals
 
 
-def _cache_args(dataset, cache, drop_page_cache: bool | None) -> dict:
-    """The cache a coordl dataset reads through (``cache=``) and how it reads storage."""
-    opened = None if cache is None else cache_for(dataset, cache)
-    return {"cache": opened, "drop_page_cache": opened is not None if drop_page_cache is None
-            else bool(drop_page_cache)}
-
-
-def _check_dali(dataset, coordl_ds: bool, coordinator) -> None:
+def _bound(dataset, coordl_ds: bool, opts: LoaderOptions, num_workers: int) -> tuple[Any, Counters | None]:
+    """The dataset the loader works on and the counters it sums: a coordl dataset bound afresh
+    (`Binding`: counters for `num_workers`, the cache of ``cache=``); a dataset that is already
+    a loader's bound copy, when no cache argument is given, as it is (a framework re-created the
+    loader from ``loader.dataset``: its counters and cache go on); any other dataset untouched."""
     if not coordl_ds:
-        raise ConfigError(f"backend='dali' needs a coordl dataset (e.g. coordl.ImageFolder with "
-                          f"transform='train' or 'val'), not {type(dataset).__name__}")
-    if coordinator is not None:
-        raise ConfigError("backend='dali' with coordinator=: the daemon prepares the batches; choose "
-                          "its backend with `coordl serve --backend dali` and drop backend= here")
-    from coordl.loader.dali import require_dali
-    require_dali()
+        return dataset, None
+    if dataset.is_bound and not opts.binds_anew:
+        counters = dataset.counters
+        if num_workers > counters.workers:
+            raise ConfigError(
+                f"num_workers={num_workers}: this dataset is a coordl.DataLoader's (loader.dataset), "
+                f"whose counters have rows for {counters.workers} workers; pass num_workers<="
+                f"{counters.workers}, or build this loader over your original dataset")
+        return dataset, counters
+    if opts.cache is not None:
+        require_fingerprint(dataset, "cache=")  # a clear ConfigError naming the property and the fix
+    counters = Counters(num_workers)
+    cache = None if opts.cache is None else cache_for(dataset, opts.cache)
+    drop = cache is not None if opts.drop_page_cache is None else opts.drop_page_cache
+    return dataset.bind(Binding(counters, cache, drop)), counters
 
 
 def loader_stats(loader: Any) -> dict[str, int]:
