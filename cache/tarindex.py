@@ -99,10 +99,8 @@ def _scan_shard(path: str, image_ext: Sequence[str], label_ext: str) -> _Scan:
                     if ext in image_ext and ext not in g:
                         g[ext] = (m.offset_data, m.size)
                     elif ext == label_ext and "label" not in g:
-                        if m.offset_data + m.size > file_size:
-                            g["label"] = None
-                        else:
-                            g["label"] = tar.extractfile(m).read()
+                        member = tar.extractfile(m) if m.offset_data + m.size <= file_size else None
+                        g["label"] = member.read() if member is not None else None  # None: BAD
                 end = tar.offset
             except (tarfile.TarError, OSError, EOFError) as e:
                 damage, end = f"{e}" + (f" (after the sample {last!r})" if last else ""), None
@@ -143,8 +141,14 @@ class TarIndex:
     def __init__(self, shards: list[str], damage: list[str | None], arrays: dict[str, np.ndarray],
                  fingerprint: str) -> None:
         self.shards, self.damage, self.fingerprint = shards, damage, fingerprint
-        for name in _ARRAYS:
-            setattr(self, name, arrays[name])
+        self.shard: np.ndarray = arrays["shard"]              # int32: the item's shard
+        self.offset: np.ndarray = arrays["offset"]            # int64: its image member's data offset
+        self.size: np.ndarray = arrays["size"]                # int64: ... and size
+        self.label: np.ndarray = arrays["label"]              # int64: its label (-1 unless label_state OK)
+        self.image_state: np.ndarray = arrays["image_state"]  # uint8: OK, MISSING
+        self.label_state: np.ndarray = arrays["label_state"]  # uint8: OK, MISSING, BAD
+        self.key_off: np.ndarray = arrays["key_off"]          # int64 (n + 1): key i is keys[key_off[i]:key_off[i+1]]
+        self.keys: np.ndarray = arrays["keys"]                # uint8: the keys, UTF-8, end to end
         self._fds: tuple[int, dict[int, int]] = (os.getpid(), {})
         self._lock = threading.Lock()
 
