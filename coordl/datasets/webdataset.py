@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from coordl.cache import tarindex
-from coordl.datasets.imagefolder import _NO_COUNTERS, _ON_ERROR, _TRANSFORMS, CoordlDataset, ImageFolder, _check_size
+from coordl.datasets.imagefolder import _ON_ERROR, _TRANSFORMS, ImageFolder, _check_size
 from coordl.datasets.onerror import sample_error, skip_or_raise
 from coordl.errors import ConfigError, DatasetError, SampleError, at_item
 from coordl.manifest import store
@@ -150,9 +150,6 @@ class WebDataset(ImageFolder):
         self.classes = sorted(int(c) for c in np.unique(ok))
         self.class_to_idx = {str(c): c for c in self.classes}
         self.epoch = 0
-        if not hasattr(CoordlDataset, "binding"):  # ImageFolder's per-instance defaults before coordl/loader/binding.py
-            self.counters, self.cache, self.batch_slots, self._buffers = _NO_COUNTERS, None, 0, None
-            self.drop_page_cache, self.coordinator, self._coordinated_epoch = False, None, None
 
     @property
     def samples(self) -> list[tuple[str, int]]:
