@@ -71,10 +71,12 @@ def shm_session_dir():
 # by where it lives and what it starts. `slow` = starts a `coordl serve` daemon (the `serve`,
 # `shared_serve` and `sockdir` fixtures), runs a training framework (integrations/), a benchmark (bench/), a whole
 # profile run, or the demo; kills or stalls an object store and waits out its timeouts, or runs whole
-# loaders over one (objstore/ fault and end-to-end files); sweeps every corruption of a JPEG corpus.
+# loaders over one (objstore/ fault and end-to-end files; test_cli_s3.py serves and profiles an s3:// URL);
+# sweeps every corruption of a JPEG corpus.
 SLOW_FOLDERS = ("integrations", "bench")
 SLOW_FILES = ("coordl/profiler/test_profile.py", "coordl/profiler/test_cli_profile.py", "coordl/test_demo.py",
-              "objstore/test_objstore_faults.py", "objstore/test_imagefolder_s3.py", "pipelines/test_corrupt.py")
+              "objstore/test_objstore_faults.py", "objstore/test_imagefolder_s3.py", "objstore/test_cli_s3.py",
+              "pipelines/test_corrupt.py")
 SLOW_FIXTURES = {"serve", "sockdir", "shared_serve"}
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 
