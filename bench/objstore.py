@@ -10,13 +10,22 @@ waits `--latency` per request (a remote store's round trip). Then, on the same o
 - `one GET at a time`: s3fs's `open(...).read()` per object, in order, what a torch Dataset that
   opens each object in __getitem__ does (per DataLoader worker).
 Prints objects/s of each and their ratio; GETs are counted at the proxy so a run that fetched
-nothing cannot pass for a fast one. This is the fetch layer only: the full issue-25 bench (coordl
-over S3 vs local, a torch DataLoader, MinIO at f=0.5) builds on it once ImageFolder takes URLs.
+nothing cannot pass for a fast one.
+
+With `--loaders`, whole loaders on the same files instead (train transform, `--workers` workers,
+`--batch` images per batch, one warm-up epoch, then `--epochs` timed epochs each, images/s median):
+- `coordl s3`: coordl.DataLoader(coordl.ImageFolder("s3://...", storage_options=...)) through the proxy;
+- `coordl local`: the same over the local folder the objects were uploaded from;
+- `torch s3fs`: torch.utils.data.DataLoader over a torchvision-style Dataset whose __getitem__ opens
+  its object with s3fs, decodes with PIL and crops/flips (what a user writes; no torchvision here,
+  so RandomResizedCrop's sampling is written out);
+- `coordl s3 + MinIO f=0.5`: GETs per epoch (counted at the proxy) with a cache of half the bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -24,10 +33,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from lib.objstore_proxy import FaultProxy  # noqa: E402
-from s3server import MotoServer, upload_folder  # noqa: E402
+
+# tests/s3server.py by its file: tests/ on sys.path would make tests/coordl/ a namespace package `coordl`
+_spec = importlib.util.spec_from_file_location("s3server", os.path.join(os.path.dirname(HERE), "tests", "s3server.py"))
+s3server = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(s3server)
+MotoServer, upload_folder = s3server.MotoServer, s3server.upload_folder
 
 from coordl.cache.objstore import ObjectStore  # noqa: E402
 from coordl.cli.make_dataset import make_dataset  # noqa: E402
@@ -50,6 +63,116 @@ def _one_at_a_time(url: str, options: dict, keys: list[str]) -> int:
     return total
 
 
+class S3fsImages:
+    """What a user writes: a map-style Dataset that opens each object with s3fs in __getitem__."""
+
+    def __init__(self, url: str, options: dict, keys: list[str], size: int = 224) -> None:
+        self.url, self.options, self.keys, self.size, self.fs = url, options, keys, size, None
+        classes = sorted({k.split("/", 1)[0] for k in keys})
+        self.labels = [classes.index(k.split("/", 1)[0]) for k in keys]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int):
+        import io
+        import math
+        import random
+
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        if self.fs is None:  # one filesystem per worker process
+            import s3fs
+            self.fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.options)
+        with self.fs.open(f"{self.url}/{self.keys[i]}", "rb") as f:
+            img = Image.open(io.BytesIO(f.read())).convert("RGB")
+        w, h = img.size
+        for _ in range(10):  # torchvision RandomResizedCrop(scale=(0.08, 1), ratio=(3/4, 4/3))
+            area = w * h * random.uniform(0.08, 1.0)
+            ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+            cw, ch = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
+            if 0 < cw <= w and 0 < ch <= h:
+                x, y = random.randint(0, w - cw), random.randint(0, h - ch)
+                break
+        else:
+            cw, ch, x, y = w, h, 0, 0
+        img = img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + cw, y + ch))
+        if random.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1), self.labels[i]
+
+
+def _epochs(loader, n: int) -> list[float]:
+    """Images/s of each of n epochs, after one warm-up epoch."""
+    rates = []
+    for e in range(n + 1):
+        t0, seen = time.perf_counter(), 0
+        for images, _ in loader:
+            seen += len(images)
+        if e:
+            rates.append(seen / (time.perf_counter() - t0))
+    return rates
+
+
+def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
+    import statistics
+
+    import psutil
+    import torch
+
+    import coordl
+
+    opts = server.options() | {"endpoint_url": proxy.url}
+    url = "s3://bench/train"
+    common = {"batch_size": args.batch, "shuffle": True, "num_workers": args.workers, "persistent_workers": True}
+    runs = {
+        "coordl s3": lambda: coordl.DataLoader(coordl.ImageFolder(url, storage_options=opts,
+                                                                  max_in_flight=args.in_flight), **common),
+        "coordl local": lambda: coordl.DataLoader(coordl.ImageFolder(root), **common),
+        "torch s3fs": lambda: torch.utils.data.DataLoader(S3fsImages(url, opts, keys), **common),
+    }
+    results = {}
+    store_cpu = psutil.Process(server.proc.pid)  # moto runs on the same cores: what it costs them
+    for name, make in runs.items():
+        loader = make()
+        proxy.reset_counts()
+        c0 = sum(store_cpu.cpu_times()[:2])
+        rates = _epochs(loader, args.epochs)
+        results[name] = {"images_per_s": statistics.median(rates), "epochs": rates,
+                         "gets_per_epoch": proxy.counts["GET"] / (args.epochs + 1),
+                         "store_cpu_s_per_epoch": (sum(store_cpu.cpu_times()[:2]) - c0) / (args.epochs + 1)}
+        del loader
+    ds = coordl.ImageFolder(url, storage_options=opts, max_in_flight=args.in_flight)
+    loader = coordl.DataLoader(ds, cache=ds.manifest.total_bytes // 2, **common)
+    gets = []
+    try:
+        for _ in range(3):
+            proxy.reset_counts()
+            for _ in loader:
+                pass
+            gets.append(proxy.counts["GET"])
+    finally:
+        loader.dataset.cache.drop()
+        del loader
+    results["coordl s3 + MinIO f=0.5"] = {"gets_per_epoch": gets}
+    s3_rate = results["coordl s3"]["images_per_s"]
+    ratios = {"s3 / local": s3_rate / results["coordl local"]["images_per_s"],
+              "s3 / torch s3fs": s3_rate / results["torch s3fs"]["images_per_s"]}
+    print(f"{len(keys)} images, latency {args.latency * 1000:.0f} ms, {args.workers} workers, "
+          f"batch {args.batch}, in flight {args.in_flight}, cpus {len(os.sched_getaffinity(0))}, "
+          f"{args.epochs} timed epochs after 1 warm-up")
+    for name, r in results.items():
+        if "images_per_s" in r:
+            epochs = ", ".join(f"{x:.0f}" for x in r["epochs"])
+            print(f"  {name:14s} {r['images_per_s']:8.1f} images/s  (epochs {epochs}; "
+                  f"{r['gets_per_epoch']:.0f} GETs/epoch; moto server CPU {r['store_cpu_s_per_epoch']:.2f} s/epoch)")
+    print(f"  MinIO f=0.5 over s3: GETs per epoch {gets} (of {len(keys)} objects)")
+    print("  ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    return {"results": results, "ratios": ratios}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=400)
@@ -58,7 +181,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--latency", type=float, default=0.020, help="seconds added to every request")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s per connection (default: no cap)")
     ap.add_argument("--in-flight", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=256, help="objects per read_many (with --loaders: images per batch)")
+    ap.add_argument("--loaders", action="store_true", help="compare whole loaders (see the docstring)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per loader (--loaders)")
     args = ap.parse_args(argv)
     w, h = (int(v) for v in args.size.split("x"))
 
@@ -69,6 +195,8 @@ def main(argv: list[str] | None = None) -> dict:
         proxy = FaultProxy(server.url, latency=args.latency, bandwidth=args.bandwidth).start()
         try:
             keys = upload_folder(server, "bench", root, "train")
+            if args.loaders:
+                return loaders(args, root, server, proxy, keys)
             options = server.options() | {"endpoint_url": proxy.url}
             store = ObjectStore.from_url("s3://bench/train", options, max_in_flight=args.in_flight)
             results = {}
