@@ -69,3 +69,29 @@ def test_sample_errors_do_not_show_secrets(auth):
         shown = _everything_shown(info.value)
         assert "s3://data/train/class_0000/missing.jpg" in shown
         assert key not in shown and secret not in shown
+
+
+def test_image_folder_with_a_wrong_secret_fails_at_construction_naming_the_url(auth):
+    import coordl
+
+    data, key, secret = auth
+    bad = "WRONG-secret-" + "9876"  # a variable: the traceback shows this test's source lines
+    with pytest.raises(ConfigError) as info:
+        coordl.ImageFolder(data.url, storage_options=data.options(key=key, secret=bad))
+    assert str(info.value).startswith("s3://data/train: access denied")
+    shown = _everything_shown(info.value)
+    assert "WRONG-secret-9876" not in shown and key not in shown and secret not in shown
+
+
+def test_image_folder_reads_the_aws_environment_variables(auth, monkeypatch, tmp_path):
+    import coordl
+
+    data, key, secret = auth
+    monkeypatch.setenv("AWS_ENDPOINT_URL", data.server.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    ds = coordl.ImageFolder(data.url, transform=None, manifest_cache=str(tmp_path))
+    assert len(ds) == len(data.keys) and ds.fetch(0) == data.local_bytes(ds.manifest.relpath(0))
+    saved = b"".join(open(os.path.join(tmp_path, f), "rb").read() for f in os.listdir(tmp_path))
+    assert secret.encode() not in saved and key.encode() not in saved and secret not in repr(ds)
