@@ -78,14 +78,14 @@ def check_stages(value: Any, items: int, batch_size: int, drop_last: bool, where
         if not isinstance(stage, dict) or set(stage) != {"world_size", "batches"}:
             raise ConfigError(f"load_state_dict: {where}[{i}]={str(stage)[:80]!r} must be a dict with "
                               f"the keys 'batches' and 'world_size': {_FIX}")
-        world = resume._int(f"{where}[{i}]['world_size']", stage["world_size"], 1)
+        world = resume.check_int(f"{where}[{i}]['world_size']", stage["world_size"], 1)
         batches = stage["batches"]
         if not isinstance(batches, list) or len(batches) != world:
             raise ConfigError(f"load_state_dict: {where}[{i}]['batches']={str(batches)[:80]} must be a "
                               f"list of {world} ints (one per rank of world_size {world}): {_FIX}")
         top = share_batches(left, world, batch_size, drop_last)
         for r, b in enumerate(batches):
-            resume._int(f"{where}[{i}]['batches'][{r}]", b, 0, top, " (the batches of a rank's share)")
+            resume.check_int(f"{where}[{i}]['batches'][{r}]", b, 0, top, " (the batches of a rank's share)")
         stages.append({"world_size": world, "batches": list(batches)})
         left = len(rest_of_epoch(items, stages, batch_size, drop_last))
     return stages
@@ -114,7 +114,7 @@ def merge_states(states: list) -> dict:
     identity = first["identity"]
     if not isinstance(identity, dict):
         raise ConfigError(f"merge_states: states[0]['identity']={identity!r} must be a dict: {_FIX}")
-    world = resume._int("states[0]['identity']['world_size']", identity.get("world_size"), 1)
+    world = resume.check_int("states[0]['identity']['world_size']", identity.get("world_size"), 1)
     if len(states) != world:
         raise ConfigError(f"merge_states: {len(states)} states of a job of world_size {world}: pass every "
                           f"rank's state, states[r] from rank r ({world} of them)")
@@ -122,17 +122,17 @@ def merge_states(states: list) -> dict:
     epochs = []
     for r, state in enumerate(states):
         for key in sorted(set(identity) | set(state["identity"])):
-            if not resume._same(state["identity"].get(key), identity.get(key)):
+            if not resume.same_json(state["identity"].get(key), identity.get(key)):
                 raise ConfigError(f"merge_states: states[{r}]['identity']['{key}']={state['identity'].get(key)!r}, "
                                   f"states[0]'s is {identity.get(key)!r}: the states come from different "
                                   f"loaders; {_FIX}")
         rank = state.get("rank")
-        if rank is not None and not resume._same(rank, r):
+        if rank is not None and not resume.same_json(rank, r):
             raise ConfigError(f"merge_states: states[{r}]['rank']={rank!r}: {_FIX}")
         if state.get("sampler") is not None:
             raise ConfigError(f"merge_states: states[{r}]['sampler']={str(state['sampler'])[:60]!r}: only "
                               "states of coordl's own plan (a coordl dataset, no sampler of yours) merge")
-        epochs.append(resume._int(f"states[{r}]['epoch']", state["epoch"], 0))
+        epochs.append(resume.check_int(f"states[{r}]['epoch']", state["epoch"], 0))
     epoch = min(epochs)
     behind = epochs.index(epoch)  # a rank still in the epoch: its consumed are the stages before
     prior = check_stages(states[behind].get("consumed", []), items, batch_size, drop_last,
@@ -140,7 +140,7 @@ def merge_states(states: list) -> dict:
     full = share_batches(len(rest_of_epoch(items, prior, batch_size, drop_last)), world, batch_size, drop_last)
     batches = []
     for r, state in enumerate(states):
-        b = resume._int(f"states[{r}]['batches']", state["batches"], 0, full, " (the batches of a rank's share)")
+        b = resume.check_int(f"states[{r}]['batches']", state["batches"], 0, full, " (the batches of a rank's share)")
         consumed = state.get("consumed", [])
         if state["epoch"] == epoch and consumed == prior:
             batches.append(b)
@@ -176,11 +176,11 @@ def resume_point(state: Any, identity: dict) -> ResumePoint:
     if saved_world != world and batches:  # a lone rank's state: every rank at its batch
         full = share_batches(len(rest_of_epoch(items, stages, batch_size, drop_last)),
                              saved_world, batch_size, drop_last)
-        resume._int("batches", batches, 0, full, f" (the batches per epoch of a rank of world_size {saved_world})")
+        resume.check_int("batches", batches, 0, full, f" (the batches per epoch of a rank of world_size {saved_world})")
         stages, batches = stages + [{"world_size": saved_world, "batches": [batches] * saved_world}], 0
     rest = rest_of_epoch(items, stages, batch_size, drop_last) if stages else None
     length = share_batches(items if rest is None else len(rest), world, batch_size, drop_last)
-    resume._int("batches", batches, 0, length, " (the batches per epoch of this loader)")
+    resume.check_int("batches", batches, 0, length, " (the batches per epoch of this loader)")
     if batches >= length:  # this rank's part of the epoch is done: the next epoch, whole
         return ResumePoint(epoch + 1, 0, None, [])
     return ResumePoint(epoch, batches, rest, stages)

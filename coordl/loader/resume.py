@@ -56,7 +56,7 @@ _SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
 _GENERATOR_STATE_BYTES = 5056       # torch's CPU generator state (torch.Generator().get_state())
 
 
-def _int(field: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
+def check_int(field: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
     """`value` if it is an int (not a bool) in [low, high], else ConfigError naming the field."""
     top = "" if high is None else f" and <= {high}{why}"
     if type(value) is not int or value < low or (high is not None and value > high):
@@ -65,7 +65,7 @@ def _int(field: str, value: Any, low: int, high: int | None = None, why: str = "
     return value
 
 
-def _same(saved: Any, value: Any) -> bool:
+def same_json(saved: Any, value: Any) -> bool:
     """Equal and of the same JSON type (True is not 1, 1.0 is not 1)."""
     return type(saved) is type(value) and saved == value
 
@@ -75,10 +75,10 @@ def _check_identity(saved: Any, identity: dict, elastic: bool = False) -> None:
         raise ConfigError(f"load_state_dict: identity={saved!r} ({type(saved).__name__}) must "
                           f"be a dict with the keys {sorted(identity)}: {_FIX}")
     if elastic:  # another world size is fine: the epoch is re-split (coordl/loader/elastic.py)
-        _int("identity['world_size']", saved.get("world_size"), 1)
+        check_int("identity['world_size']", saved.get("world_size"), 1)
     diffs = [f"{k}: saved {saved.get(k, '<missing>')!r}, this loader {v!r}"
-             for k, v in identity.items() if not (elastic and k == "world_size") and not _same(saved.get(k), v)]
-    if not elastic and "world_size" in identity and not _same(saved.get("world_size"), identity["world_size"]):
+             for k, v in identity.items() if not (elastic and k == "world_size") and not same_json(saved.get(k), v)]
+    if not elastic and "world_size" in identity and not same_json(saved.get("world_size"), identity["world_size"]):
         diffs.append("a state of another world size loads only into a loader over coordl's own plan "
                      "(a coordl dataset without your own sampler or generator)")
     if diffs:
@@ -92,7 +92,7 @@ def _check_sampler(saved: Any) -> dict | None:
     if saved is None:
         return None
     if isinstance(saved, dict) and set(saved) == {"seed"}:
-        _int("sampler['seed']", saved["seed"], *_SEED_RANGE)
+        check_int("sampler['seed']", saved["seed"], *_SEED_RANGE)
         return saved
     if isinstance(saved, dict) and set(saved) == {"generator_state"}:
         raw = saved["generator_state"]
@@ -115,14 +115,14 @@ def check_version(state: Any, where: str = "state") -> None:
         raise ConfigError(f"load_state_dict: {type(state).__name__} is not a coordl.DataLoader {where}: "
                           "pass what loader.state_dict() returned (a dict, e.g. loaded from JSON), or "
                           "a list of every rank's states")
-    if not any(_same(state["version"], v) for v in _READS):
+    if not any(same_json(state["version"], v) for v in _READS):
         raise ConfigError(f"load_state_dict: {where} version {state['version']!r} is not known to this "
                           f"coordl (it reads version {VERSION}, and {ELASTIC_VERSION} for an elastic resume): "
                           "resume with the coordl that saved it")
     missing = [k for k in ("epoch", "batches", "identity") if k not in state]
     if missing:
         raise ConfigError(f"load_state_dict: the {where} has no {', '.join(map(repr, missing))}: {_FIX}")
-    if state.get("consumed") and _same(state["version"], VERSION):
+    if state.get("consumed") and same_json(state["version"], VERSION):
         raise ConfigError(f"load_state_dict: a {where} of version {VERSION} has no consumed stages "
                           f"(consumed={str(state['consumed'])[:60]}): {_FIX}")
 
@@ -143,8 +143,8 @@ def check_state(state: Any, identity: dict, batches_per_epoch: int | None = None
                           "resumes an epoch split by another world size, which only a local "
                           "coordl.DataLoader over coordl's own plan loads (not a coordinated loader, "
                           "nor one with your own sampler)")
-    epoch = _int("epoch", state["epoch"], 0)
-    batches = _int("batches", state["batches"], 0, batches_per_epoch,
+    epoch = check_int("epoch", state["epoch"], 0)
+    batches = check_int("batches", state["batches"], 0, batches_per_epoch,
                    " (the batches per epoch of this loader)")
     return epoch, batches, _check_sampler(state.get("sampler"))
 
