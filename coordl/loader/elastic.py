@@ -11,9 +11,8 @@ exactly, position by position:
 
 (a position past the end is DistributedSampler's padding, the head of the order again: that
 item counts as read). The rest of the epoch is every position of the order not in ``read``,
-in epoch order;
-the W'-rank job splits that rest the same way (rank r' reads its positions r', r'+W', ...,
-padded with the head of the rest). Ranks that stopped at different batches are not
+in epoch order; the W'-rank job splits that rest the same way (rank r' reads its positions
+r', r'+W', ..., padded with the head of the rest). Ranks that stopped at different batches are not
 cut back to the slowest: what a rank ahead read stays read. So across the two jobs each
 item of the epoch is read exactly once, except the new job's padding of the rest (at most
 W'-1 items of its head read a second time) and a padding read of the old job's (an item it
