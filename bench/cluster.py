@@ -1,0 +1,661 @@
+#!/usr/bin/env python3
+"""A shaped-network cluster on one machine: N servers as network namespaces, each with its
+cache node and one training rank, over shared throttled storage.
+
+Each server ``cdlcl<i>`` is a Linux network namespace with one veth link to a bridge
+(``cdlclbr``, 10.213.77.254/24; server i is 10.213.77.<i+1>). Every link is shaped:
+
+- bandwidth (``--bandwidth``, default ``1gbit``, tc rate syntax): an htb class on the
+  namespace side (the server's uplink) and a tbf on the bridge side (its downlink);
+- latency (``--latency``, default ``0.2ms``, one way, added on the sending side: a round
+  trip between two servers gains 2 x latency): ``tc netem delay`` under the htb class
+  when the kernel has sch_netem; where it does not (this machine's kernel is built
+  without it: ``tc qdisc add ... netem`` says "Specified qdisc kind is unknown") a relay
+  process in each namespace, in front of its redis-server, holds every chunk it forwards
+  from or to a peer for the latency before passing it on (traffic of the server's own
+  rank is not delayed). The JSON's ``latency_via`` says which was used.
+
+In each namespace run its cache node (redis-server with coordl's node configuration,
+`coordl.cache.redisnode.NodeConfig`: maxmemory, noeviction, no persistence, a password)
+and one rank: ``coordl.DataLoader(ds, rank=i, world_size=N, shuffle=True,
+drop_page_cache=True)``, in lockstep epochs (the bench waits for every rank at each
+epoch's start, as data-parallel training's allreduce does). All ranks and their workers
+share one blkio cgroup whose ``blkio.throttle.read_bps_device`` caps the reads of the
+disk holding the dataset (``--storage-mbps``, shared by all servers: one storage system),
+and no read leaves pages in the page cache, so storage is really read each time.
+
+Configurations, with the same budget per server (``--budget-fraction`` of the dataset,
+default 0.4: three budgets hold 1.2x the dataset, one holds 0.4x):
+
+- ``partitioned``: `coordl.PartitionedCache` over the N nodes' URLs on their namespace
+  addresses, ``capacity_per_node`` = the budget (Redis's ``maxmemory`` gets room for its
+  own per-key and allocator overhead on top: 1.25 x budget + 16 MiB);
+- ``minio``: a local `coordl.MinIOCache` of the budget per server;
+- ``none``: no cache;
+- ``reference``: the whole dataset in each server's local memory (a MinIO cache of the
+  dataset's size, filled before the first epoch): the floor the partitioned run is
+  compared with.
+
+Per epoch and server: epoch time, ``storage_bytes`` and ``remote_bytes`` (the loader's
+stats), remote and local hits, node faults, and the kernel's read_bytes of the rank and
+its workers. CoorDL's shape: from epoch 2 the partitioned run reads no storage and its
+epoch time is within 1.2x of the reference's (the JSON's ``shape``).
+
+Needs root, ``ip netns``, ``tc`` with htb and tbf, redis-server, and cgroup v1 blkio; it
+says what is missing and exits 0 (``--require`` makes it exit 2). Run under the bench lock:
+
+    flock /tmp/coordl-bench.lock .venv/bin/python bench/cluster.py \\
+        --data $BENCH_DATA/cluster --out bench/results/cluster
+
+NOTE [cluster bench lifecycle]
+Every object the bench makes is named with the prefix ``cdlcl``: namespaces ``cdlcl<i>``,
+veths ``cdlclh<i>``/``cdlcln<i>``, the bridge ``cdlclbr``, the blkio cgroup
+``cdlcl-storage``, MinIO segments ``coordl-cache-cdlcl-*`` and temp folders
+``$TMPDIR/cdlcl-run-*``. A run first takes an exclusive flock on ``$TMPDIR/cdlcl.lock`` (not
+inherited by children, released by the kernel when the bench dies, even by SIGKILL), so
+while it holds the lock every prefixed object is its own or a dead run's. Then:
+1. `cleanup()` runs at start: it removes the objects a killed run left (every process in
+   a prefixed namespace, from ``ip netns pids``, and in a prefixed cgroup is SIGKILLed by
+   pid: only this bench puts processes there);
+2. `cleanup()` is registered with atexit, and SIGTERM, SIGINT and SIGHUP raise SystemExit,
+   so the ``finally`` of `main` and atexit run it on an error, a return or a signal;
+3. a SIGKILL of the bench leaves the objects behind, and its children run on until the
+   next run's step 1, or ``bench/cluster.py --cleanup``, ends them.
+Processes die before namespaces (a namespace deleted under a live process stays alive with
+it); deleting a namespace deletes its veth pair; the bridge goes last with the cgroup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from lib import cgroup, pagecache, report
+
+PREFIX = "cdlcl"
+SUBNET = "10.213.77"
+BRIDGE, BRIDGE_IP = f"{PREFIX}br", f"{SUBNET}.254"
+PORT, REDIS_PORT = 6390, 6391
+SIDES = ("partitioned", "minio", "none", "reference")
+MiB = 2**20
+TMP = tempfile.gettempdir()
+TMPS = f"{PREFIX}-run-"   # the temp folders of a run (the cache nodes' dirs)
+LINE = "CDLCL "
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the prefix of a protocol line on a rank's or relay's stdout
+
+
+def ns_name(i: int) -> str:
+    return f"{PREFIX}{i}"
+
+
+def ns_ip(i: int) -> str:
+    return f"{SUBNET}.{i + 1}"
+
+
+def sh(*cmd: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
+    proc = subprocess.run(full, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"bench: `{' '.join(full)}` failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+# -- what this machine has ----------------------------------------------------------------
+
+def why_not() -> str | None:
+    """None when the cluster can be built here; else what is missing and how to get it."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, tc, a blkio cgroup): run it as root"
+    for tool in ("ip", "tc", "redis-server"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed (iproute2 / redis-server)"
+    probe = f"{PREFIX}probe"
+    try:
+        if sh("ip", "netns", "add", probe, check=False).returncode != 0:
+            return "`ip netns add` fails here (no network namespaces: a container without CAP_SYS_ADMIN?)"
+        for qdisc in (["htb", "default", "10"], ["tbf", "rate", "1gbit", "burst", "64kb", "latency", "50ms"]):
+            if sh("tc", "qdisc", "add", "dev", "lo", "root", *qdisc, ns=probe, check=False).returncode != 0:
+                return f"tc qdisc {qdisc[0]} is not available in this kernel (shaping needs htb and tbf)"
+            sh("tc", "qdisc", "del", "dev", "lo", "root", ns=probe, check=False)
+    finally:
+        sh("ip", "netns", "del", probe, check=False)
+    return cgroup.why_not("blkio", "blkio.throttle.read_bps_device")
+
+
+def has_netem() -> bool:
+    probe = f"{PREFIX}probe"
+    sh("ip", "netns", "add", probe, check=False)
+    try:
+        return sh("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", ns=probe,
+                  check=False).returncode == 0
+    finally:
+        sh("ip", "netns", "del", probe, check=False)
+
+
+# -- cleanup (NOTE [cluster bench lifecycle]) ----------------------------------------------
+
+_procs: list[subprocess.Popen] = []
+
+
+def _kill_pids(pids: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while pids and time.monotonic() < deadline:
+        pids = {p for p in pids if os.path.exists(f"/proc/{p}") and not _zombie(p)}
+        time.sleep(0.05)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def namespaces() -> list[str]:
+    out = sh("ip", "netns", "list", check=False).stdout
+    return [ln.split()[0] for ln in out.splitlines() if ln.startswith(PREFIX)]
+
+
+def links() -> list[str]:
+    out = sh("ip", "-o", "link", "show", check=False).stdout
+    names = [ln.split(":")[1].strip().split("@")[0] for ln in out.splitlines() if ":" in ln]
+    return [n for n in names if n.startswith(PREFIX)]
+
+
+def cgroups() -> list[str]:
+    base = cgroup.base_dir("blkio")
+    if base is None or not os.path.isdir(base):
+        return []
+    return [os.path.join(base, n) for n in os.listdir(base) if n.startswith(PREFIX)]
+
+
+def leftovers() -> list[str]:
+    """Every prefixed object that exists now (empty after a clean exit)."""
+    from coordl.cache import shm
+
+    segs = [n for n in os.listdir(shm.SHM_DIR) if n.startswith(shm.PREFIX + PREFIX)]
+    tmps = [n for n in os.listdir(TMP) if n.startswith(TMPS)]
+    return namespaces() + links() + cgroups() + segs + tmps
+
+
+def cleanup() -> None:
+    """Remove every object named with PREFIX, its processes first (idempotent; a second
+    SIGTERM or Ctrl-C while it runs is ignored, so that it finishes)."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SIGNALS} if main else {}
+    try:
+        _cleanup()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _cleanup() -> None:
+    from coordl.cache import shm
+
+
+    for p in _procs:
+        if p.poll() is None:
+            p.kill()
+    for p in _procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for f in (p.stdin, p.stdout):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+    _procs.clear()
+    pids: set[int] = set()
+    for ns in namespaces():
+        pids |= {int(x) for x in sh("ip", "netns", "pids", ns, check=False).stdout.split()}
+    for cg in cgroups():
+        try:
+            with open(os.path.join(cg, "cgroup.procs")) as f:
+                pids |= {int(x) for x in f.read().split()}
+        except OSError:
+            pass
+    pids.discard(os.getpid())
+    _kill_pids(pids)
+    for ns in namespaces():
+        sh("ip", "netns", "del", ns, check=False)
+    for link in links():
+        sh("ip", "link", "del", link, check=False)
+    for cg in cgroups():
+        for _ in range(50):
+            try:
+                os.rmdir(cg)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)
+    for n in os.listdir(shm.SHM_DIR):
+        if n.startswith(shm.PREFIX + PREFIX):
+            try:
+                os.unlink(os.path.join(shm.SHM_DIR, n))
+            except OSError:
+                pass
+    for n in os.listdir(TMP):
+        if n.startswith(TMPS):
+            shutil.rmtree(os.path.join(TMP, n), ignore_errors=True)
+
+
+def _on_signal(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def take_lock():
+    fd = os.open(os.path.join(TMP, f"{PREFIX}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print("bench: another cluster bench runs; waiting for its lock", flush=True)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+# -- the network ---------------------------------------------------------------------------
+
+def storage_cgroup(disk: str, bps: int) -> list[str]:
+    """The shared storage: one blkio cgroup capping reads of `disk`; its cgroup.procs files."""
+    path = os.path.join(cgroup.base_dir("blkio"), f"{PREFIX}-storage")
+    os.mkdir(path)
+    with open(os.path.join(path, "blkio.throttle.read_bps_device"), "w") as f:
+        f.write(f"{disk} {bps}")
+    return [os.path.join(path, "cgroup.procs")]
+
+
+def latency_ms(text: str) -> float:
+    """'0.2ms', '200us' or '0' -> milliseconds."""
+    for suffix, scale in (("ms", 1.0), ("us", 1e-3), ("s", 1e3), ("", 1.0)):
+        if text.endswith(suffix):
+            try:
+                value = float(text[:len(text) - len(suffix)] if suffix else text) * scale
+            except ValueError:
+                break
+            if value >= 0:
+                return value
+            break
+    raise SystemExit(f"bench: --latency {text!r}: give a time such as 0.2ms or 200us (0: none)")
+
+
+def build_network(n: int, bandwidth: str, delay_ms: float, netem: bool) -> None:
+    sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    sh("ip", "addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
+    sh("ip", "link", "set", BRIDGE, "up")
+    for i in range(n):
+        ns, host, inner = ns_name(i), f"{PREFIX}h{i}", f"{PREFIX}n{i}"
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", host, "type", "veth", "peer", "name", inner)
+        sh("ip", "link", "set", inner, "netns", ns)
+        sh("ip", "link", "set", host, "master", BRIDGE)
+        sh("ip", "link", "set", host, "up")
+        sh("ip", "addr", "add", f"{ns_ip(i)}/24", "dev", inner, ns=ns)
+        sh("ip", "link", "set", inner, "up", ns=ns)
+        sh("ip", "link", "set", "lo", "up", ns=ns)
+        # uplink: htb at the rate (+ netem delay as its leaf); downlink: tbf at the rate
+        sh("tc", "qdisc", "add", "dev", inner, "root", "handle", "1:", "htb", "default", "10", ns=ns)
+        sh("tc", "class", "add", "dev", inner, "parent", "1:", "classid", "1:10", "htb", "rate", bandwidth,
+           "ceil", bandwidth, "quantum", "60000", ns=ns)
+        if netem and delay_ms > 0:
+            sh("tc", "qdisc", "add", "dev", inner, "parent", "1:10", "handle", "10:", "netem", "delay",
+               f"{delay_ms}ms", "limit", "100000", ns=ns)
+        sh("tc", "qdisc", "add", "dev", host, "root", "tbf", "rate", bandwidth, "burst", "256kb",
+           "latency", "50ms")
+
+
+# -- the delay relay (latency without sch_netem) -------------------------------------------
+
+async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float) -> None:
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def writer() -> None:
+        while True:
+            due, chunk = await queue.get()
+            if chunk is None:
+                break
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            dst.write(chunk)
+            await dst.drain()
+        dst.close()
+
+    task = asyncio.ensure_future(writer())
+    try:
+        while True:
+            chunk = await src.read(1 << 18)
+            if not chunk:
+                break
+            queue.put_nowait((time.monotonic() + delay, chunk))
+    except ConnectionError:
+        pass
+    queue.put_nowait((0.0, None))
+    try:
+        await task
+    except ConnectionError:
+        pass
+
+
+async def _relay(listen: str, port: int, to_port: int, delay: float) -> None:
+    async def handle(reader, writer) -> None:
+        peer = writer.get_extra_info("peername")[0]
+        d = 0.0 if peer in (listen, "127.0.0.1") else delay   # the server's own rank: no link crossed
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", to_port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pump(reader, up_w, d), _pump(up_r, writer, d), return_exceptions=True)
+
+    server = await asyncio.start_server(handle, listen, port)
+    print(LINE + "ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+# -- one server's rank ------------------------------------------------------------------------
+
+def rank_main(args) -> None:
+    import psutil
+
+    import coordl
+
+    urls = json.loads(os.environ.pop("CDLCL_URLS", "[]"))
+    ds = coordl.ImageFolder(args.data, transform="train", size=args.size, seed=0)
+    r, side = args.rank, args.side
+    if side == "partitioned":
+        cache = coordl.PartitionedCache(urls, r, capacity_per_node=args.budget, timeout=args.node_timeout)
+    elif side in ("minio", "reference"):
+        cache = coordl.MinIOCache(args.budget, name=f"{PREFIX}-{side}-{r}")
+    else:
+        cache = None
+    loader = coordl.DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                               persistent_workers=args.workers > 0, rank=r, world_size=args.servers,
+                               cache=cache, drop_page_cache=True)
+    me = psutil.Process()
+
+    def read_bytes() -> int:
+        return pagecache.read_bytes([me.pid] + [c.pid for c in me.children(recursive=True)])
+
+    keys = ("storage_bytes", "storage_reads", "remote_bytes", "remote_hits", "local_hits", "cache_hits",
+            "remote_errors", "node_faults")
+    print(LINE + "ready", flush=True)
+    for epoch in range(args.epochs):
+        if sys.stdin.readline().strip() != "go":
+            return
+        before, io0 = loader.stats(), read_bytes()
+        t0 = time.perf_counter()
+        for _ in loader:
+            if args.step_ms:
+                time.sleep(args.step_ms / 1e3)
+        dt = time.perf_counter() - t0
+        after, io1 = loader.stats(), read_bytes()
+        delta = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+        print(LINE + json.dumps({"epoch": epoch, "time_s": round(dt, 3), "disk_read_bytes": io1 - io0,
+                                 **delta}), flush=True)
+    del loader
+    if side == "minio":
+        cache.drop()        # this server's own cache (the reference's is dropped by the bench)
+    elif cache is not None:
+        cache.close()
+
+
+# -- the orchestrator ---------------------------------------------------------------------------
+
+def _spawn(cmd: list[str], ns: str, env: dict | None = None, join: list[str] | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(["ip", "netns", "exec", ns, *cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env, preexec_fn=(lambda: cgroup.join(join)) if join else None)
+    _procs.append(proc)
+    return proc
+
+
+def _expect(proc: subprocess.Popen, what: str, timeout: float = 600) -> str:
+    """The next protocol line of `proc` (other output is passed through to stderr)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench: {what} exited ({proc.wait()}) before answering")
+        if line.startswith(LINE):
+            return line[len(LINE):].strip()
+        sys.stderr.write(line)
+    raise RuntimeError(f"bench: {what} did not answer within {timeout:.0f}s")
+
+
+def start_nodes(args, budget: int, password: str, tmp: str, relay: bool) -> list[str]:
+    from coordl.cache import nodeurl, redisnode
+
+    urls = []
+    for i in range(args.servers):
+        ns = ns_name(i)
+        cfg = redisnode.NodeConfig(port=REDIS_PORT if relay else PORT, bind="127.0.0.1" if relay else ns_ip(i),
+                                   memory=int(budget * 1.25) + 16 * MiB, password=password)
+        d = os.path.join(tmp, f"node{i}")
+        os.makedirs(d)
+        proc = _spawn(["redis-server", "-"], ns)
+        proc.stdin.write("\n".join(cfg.lines(d, daemonize=False)) + "\n")
+        proc.stdin.close()
+        proc.stdin = None
+        if relay:
+            r = _spawn([sys.executable, os.path.abspath(__file__), "--relay", ns_ip(i),
+                        "--latency", args.latency], ns)
+            _expect(r, f"delay relay of {ns}", 30)
+        url = nodeurl.node_url(ns_ip(i), PORT, password)
+        redisnode.wait_ready(url, timeout=30)
+        urls.append(url)
+    return urls
+
+
+def run_side(args, side: str, budget: int, total: int, files: list[str], storage_cg: list[str], tmp: str,
+             relay: bool) -> list[list[dict]]:
+    import coordl
+
+    os.sync()   # dirty pages (a dataset just written) cannot be evicted
+    pagecache.evict(files)
+    password = secrets.token_hex(16)
+    node_procs = len(_procs)
+    urls = start_nodes(args, budget, password, tmp, relay) if side == "partitioned" else []
+    side_budget = total if side == "reference" else budget
+    made = []
+    if side == "reference":   # the whole dataset in each server's memory before epoch 1
+        ds = coordl.ImageFolder(args.data, transform="val")
+        for r in range(args.servers):
+            c = coordl.MinIOCache(side_budget, name=f"{PREFIX}-{side}-{r}")
+            c.open(ds.fingerprint, len(ds), ds.root)
+            for i, path in enumerate(files):
+                with open(path, "rb") as f:
+                    c.put(i, f.read())
+            c.close()
+            made.append(c)
+        pagecache.evict(files)
+    env = {**os.environ, "CDLCL_URLS": json.dumps(urls)}
+    ranks = []
+    for r in range(args.servers):
+        cmd = [sys.executable, os.path.abspath(__file__), "--rank", str(r), "--side", side, "--data", args.data,
+               "--budget", str(side_budget), "--servers", str(args.servers), "--epochs", str(args.epochs),
+               "--workers", str(args.workers), "--batch-size", str(args.batch_size), "--size", str(args.size),
+               "--node-timeout", str(args.node_timeout), "--step-ms", str(args.step_ms)]
+        ranks.append(_spawn(cmd, ns_name(r), env=env, join=storage_cg))
+    for r, p in enumerate(ranks):
+        _expect(p, f"rank {r} ({side})")
+    rows: list[list[dict]] = [[] for _ in range(args.servers)]
+    for e in range(args.epochs):
+        for p in ranks:   # lockstep: every rank starts the epoch together
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        for r, p in enumerate(ranks):
+            rows[r].append(json.loads(_expect(p, f"rank {r} ({side}) epoch {e + 1}")))
+        print(f"bench: {side} epoch {e + 1}: slowest {max(rows[r][e]['time_s'] for r in range(args.servers)):.2f}"
+              " s, storage MiB " + "/".join(f"{rows[r][e]['storage_bytes'] / MiB:.1f}" for r in range(args.servers))
+              + ", remote MiB " + "/".join(f"{rows[r][e]['remote_bytes'] / MiB:.1f}" for r in range(args.servers)),
+              flush=True)
+    for r, p in enumerate(ranks):
+        p.stdin.close()
+        if p.wait(timeout=120):
+            raise RuntimeError(f"bench: rank {r} of side {side} exited with {p.returncode}")
+        p.stdout.close()
+        _procs.remove(p)
+    for p in _procs[node_procs:]:   # this side's cache nodes and relays
+        p.terminate()
+    for p in _procs[node_procs:]:
+        p.wait(timeout=30)
+        p.stdout.close()
+    del _procs[node_procs:]
+    for c in made:
+        c.drop()
+    return rows
+
+
+def shape(args, sides: dict) -> dict:
+    """CoorDL's claim, checked on this run's figures (epochs from the second)."""
+    out = {}
+    if "partitioned" in sides:
+        part = sides["partitioned"]
+        out["partitioned_storage_bytes_from_epoch_2"] = sum(e["storage_bytes"] for rows in part for e in rows[1:])
+    if "partitioned" in sides and "reference" in sides:
+        def slowest(rows, e):
+            return max(r[e]["time_s"] for r in rows)
+        later = range(1, args.epochs)
+        ratios = [slowest(sides["partitioned"], e) / slowest(sides["reference"], e) for e in later]
+        if ratios:
+            out["time_ratio_partitioned_over_reference"] = [round(x, 3) for x in ratios]
+            out["mean_time_ratio"] = round(sum(ratios) / len(ratios), 3)
+            out["within_1_2x"] = out["mean_time_ratio"] <= 1.2
+    return out
+
+
+def markdown(args, result: dict) -> str:
+    d, s = result["dataset"], result["settings"]
+    lines = [f"{args.servers} servers (network namespaces on one machine), links {s['bandwidth']} each way, "
+             f"latency {s['latency']} one way ({result['latency_via']}), storage shared and throttled to "
+             f"{s['storage_mbps']} MiB/s in all (blkio), page cache bypassed. Dataset {d['files']} JPEGs, "
+             f"{d['total_bytes'] / MiB:.1f} MiB; budget {result['budget_bytes'] / MiB:.1f} MiB per server "
+             f"({s['budget_fraction']:.2f} of the dataset; reference: the whole dataset in each server's memory). "
+             f"Train transform {s['size']} px, batch {s['batch_size']}, {s['workers']} worker(s) per rank.", "",
+             "| config | epoch | epoch s (slowest) | s per server | storage MiB per server | remote MiB per server |",
+             "|---|---:|---:|---|---|---|"]
+    for side, rows in result["sides"].items():
+        for e in range(args.epochs):
+            per = [rows[r][e] for r in range(args.servers)]
+            lines.append(f"| {side} | {e + 1} | {max(x['time_s'] for x in per):.2f} | "
+                         + "/".join(f"{x['time_s']:.2f}" for x in per) + " | "
+                         + "/".join(f"{x['storage_bytes'] / MiB:.1f}" for x in per) + " | "
+                         + "/".join(f"{x['remote_bytes'] / MiB:.1f}" for x in per) + " |")
+    sh_ = result["shape"]
+    if "mean_time_ratio" in sh_:
+        lines += ["", f"From epoch 2: partitioned storage bytes {sh_['partitioned_storage_bytes_from_epoch_2']}; "
+                  f"slowest-server epoch time partitioned / reference {sh_['time_ratio_partitioned_over_reference']} "
+                  f"(mean {sh_['mean_time_ratio']}, target <= 1.2: {'met' if sh_['within_1_2x'] else 'NOT met'})."]
+    lines += ["", "Command:", "", "    " + result["command"], ""]
+    return "\n".join(lines)
+
+
+def orchestrate(args) -> int:
+    import coordl
+
+    why = why_not()
+    if why:
+        print(f"bench: cluster bench skipped: {why}", flush=True)
+        return 2 if args.require else 0
+    lock = take_lock()
+    for sig in SIGNALS:
+        signal.signal(sig, _on_signal)
+    atexit.register(cleanup)
+    try:
+        cleanup()   # a killed run's objects (we hold the lock: no live run owns them)
+        if args.cleanup:
+            print("bench: cluster objects removed", flush=True)
+            return 0
+        ds = coordl.ImageFolder(args.data, transform="val")
+        total = ds.manifest.total_bytes
+        files = [ds.manifest.path(i) for i in range(len(ds))]
+        budget = int(args.budget_fraction * total)
+        netem = has_netem()
+        relay = not netem and latency_ms(args.latency) > 0
+        build_network(args.servers, args.bandwidth, latency_ms(args.latency), netem)
+        tmp = tempfile.mkdtemp(prefix=TMPS)
+        storage_cg = storage_cgroup(cgroup.disk_of(args.data), int(args.storage_mbps * MiB))
+        sides = {}
+        for side in args.sides.split(","):
+            if side not in SIDES:
+                raise SystemExit(f"bench: --sides {side!r}: use some of {','.join(SIDES)}")
+            sides[side] = run_side(args, side, budget, total, files, storage_cg, tmp, relay)
+        pagecache.evict(files)
+        result = {"command": report.command(), "dataset": report.dataset(args.data), "versions": report.versions(),
+                  "machine": report.machine(sorted(os.sched_getaffinity(0))),
+                  "settings": {"servers": args.servers, "bandwidth": args.bandwidth, "latency": args.latency,
+                               "storage_mbps": args.storage_mbps, "budget_fraction": args.budget_fraction,
+                               "epochs": args.epochs, "workers": args.workers, "batch_size": args.batch_size,
+                               "size": args.size, "node_timeout": args.node_timeout, "step_ms": args.step_ms},
+                  "latency_via": "tc netem" if netem else ("a delay relay in front of each redis-server "
+                                                           "(this kernel has no sch_netem)" if relay else "none"),
+                  "budget_bytes": budget, "dataset_bytes": total, "sides": sides}
+        result["shape"] = shape(args, sides)
+        report.write(args.out, result, markdown(args, result))
+        return 0
+    finally:
+        cleanup()
+        os.close(lock)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", help="an ImageFolder root (coordl make-dataset DIR ...)")
+    p.add_argument("--out", default=None, help="writes OUT.json and OUT.md")
+    p.add_argument("--servers", type=int, default=3)
+    p.add_argument("--bandwidth", default="1gbit", help="each link's rate, each way (tc syntax; default 1gbit)")
+    p.add_argument("--latency", default="0.2ms", help="one-way latency added per link (default 0.2ms)")
+    p.add_argument("--storage-mbps", type=float, default=10.0, help="shared storage read limit, MiB/s in all")
+    p.add_argument("--budget-fraction", type=float, default=0.4, help="per-server budget / dataset bytes")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--size", type=int, default=112)
+    p.add_argument("--node-timeout", type=float, default=1.0, help="PartitionedCache timeout, s")
+    p.add_argument("--step-ms", type=float, default=0.0, help="a sleep per batch standing for a train step")
+    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--require", action="store_true", help="exit 2 (not 0) when the machine cannot run it")
+    p.add_argument("--cleanup", action="store_true", help="only remove what a killed run left")
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--side", help=argparse.SUPPRESS)
+    p.add_argument("--budget", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--relay", metavar="IP", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.relay:
+        asyncio.run(_relay(args.relay, PORT, REDIS_PORT, latency_ms(args.latency) / 1e3))
+        return
+    if args.rank is not None:
+        rank_main(args)
+        return
+    if not args.data and not args.cleanup:
+        p.error("--data DIR is required (an ImageFolder, e.g. made with coordl make-dataset)")
+    if args.data:
+        args.data = os.path.abspath(args.data)
+    sys.exit(orchestrate(args))
+
+
+if __name__ == "__main__":
+    main()
