@@ -107,7 +107,8 @@ def test_a_poisoned_meta_hash(redis_nodes, tiny_root, poison):
     _epoch(loader, want)
     stats = loader.stats()
     assert stats["node_faults"] == 1 and stats["nodes_down"] == 1 and stats["storage_reads"] == len(ds)
-    assert stats["cache_inserts"] == 0 and r.dbsize() == 2   # nothing written beside the poisoned key and coordl:members
+    # nothing written beside the poisoned key and coordl:members
+    assert stats["cache_inserts"] == 0 and r.dbsize() == 2
     cache.close()
 
 
@@ -126,7 +127,8 @@ def test_a_node_restarted_with_allkeys_lru_between_epochs(redis_nodes, tiny_root
     _epoch(loader, want)
     got = _delta(loader.stats(), before)
     assert got == {"storage_reads": on_1, "local_hits": len(ds) - on_1, "remote_hits": 0, "remote_errors": 1}
-    assert loader.stats()["nodes_down"] == 1 and nodes[1].client().dbsize() == 0  # restarted: empty, and nothing written since
+    # restarted: empty, and nothing written since
+    assert loader.stats()["nodes_down"] == 1 and nodes[1].client().dbsize() == 0
     cache.close()
 
 
