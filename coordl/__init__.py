@@ -21,7 +21,7 @@ from .errors import CacheError, ConfigError, CoordinatorError, CoordlError, Data
 _LAZY = {
     "DataLoader": ".loader.dataloader", "collate": ".batch", "loader_stats": ".loader.dataloader",
     "ImageFolder": ".datasets.imagefolder", "PreparedBatch": ".batch",
-    "CoordlDataset": ".datasets.imagefolder", "AudioFolder": ".datasets.audio",
+    "CoordlDataset": ".datasets.base", "AudioFolder": ".datasets.audio",
     "WebDataset": ".datasets.webdataset",
     "MinIOCache": ".loader.caching", "PartitionedCache": ".loader.partitioned",
     "profile": ".profiler", "merge_states": ".loader.elastic",
@@ -55,7 +55,8 @@ if "torch" in sys.modules:
 
 if TYPE_CHECKING:
     from coordl.datasets.audio import AudioFolder
-    from coordl.datasets.imagefolder import CoordlDataset, ImageFolder, PreparedBatch
+    from coordl.datasets.base import CoordlDataset
+    from coordl.datasets.imagefolder import ImageFolder, PreparedBatch
     from coordl.datasets.webdataset import WebDataset
     from coordl.loader.caching import MinIOCache
     from coordl.loader.dataloader import DataLoader, collate, loader_stats

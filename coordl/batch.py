@@ -53,4 +53,6 @@ def collate(batch: Any) -> Any:
     """Collate for coordl datasets: a `PreparedBatch` as is, anything else as torch does."""
     if isinstance(batch, PreparedBatch):
         return Batch([batch.images, batch.labels], batch.pooled)
+    if isinstance(batch, list) and not batch:  # a user dataset's batch whose every item was skipped
+        return []                              # (on_error="skip"): no sample to stack, so no structure
     return default_collate(batch)

@@ -1,0 +1,335 @@
+"""`coordl.CoordlDataset`: the contract a dataset writes to get coordl's loader around it.
+
+    class MyDataset(coordl.CoordlDataset):
+        def __len__(self) -> int: ...
+        @property
+        def fingerprint(self) -> str: ...            # changes whenever any item's bytes change
+        def read(self, i: int) -> bytes: ...         # item i's encoded bytes, from storage
+        def prep(self, raw, i: int, epoch: int):     # decode + augment -> a sample torch collates
+            rng = self.rng(i, epoch)                 # the item's randomness: (seed, epoch, i)
+
+A dataset is a manifest plus two halves (docs: /shared/design.md): `read` goes to
+storage, `prep` decodes and augments. Everything between them is the base class's,
+so a subclass gets it without writing it:
+
+- ``fetch(i)``: the cache (``coordl.DataLoader(cache=...)``: MinIO or partitioned)
+  -> on a miss `read` -> counted (``storage_reads``, ``storage_bytes``) -> offered to
+  the cache (``cache_inserts``). `fetch` is what every caller of a coordl dataset
+  may call; `read` is what a subclass writes.
+- ``ds[i]`` and ``__getitems__`` (torch's batch call): fetch -> prep, ``decodes`` and
+  ``samples`` counted; a `SampleError` raised by `read` or `prep` raises (naming the
+  item), or with ``on_error = "skip"`` drops the sample from its batch and counts it in
+  ``errors_skipped``. Any other exception is a bug and propagates.
+- ``rng(i, epoch)`` / ``np_rng(i, epoch)``: the one source of randomness for `prep`,
+  a pure function of (seed, epoch, item), so batches are the same whatever
+  ``num_workers`` is, after a resume, on every rank and at the coordinator daemon.
+- ``set_epoch``, ``seed``, ``on_error`` and the loader's binding (`bind`).
+
+Class attributes a subclass may set (or pass to ``super().__init__``): ``seed`` (0)
+and ``on_error`` ("raise"). ImageFolder, WebDataset and AudioFolder are subclasses
+that override `fetch`'s batch paths for speed; a user's subclass need not.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from coordl import names
+from coordl.datasets.onerror import skip_or_raise
+from coordl.errors import ConfigError, CoordinatorError, SampleError, at_item
+from coordl.loader.binding import NO_COUNTERS, Binding, Counting
+from coordl.pipelines import crop
+
+
+def epoch_of(indices: Sequence[int], default: int) -> int:
+    """The epoch the loader tagged a batch (or its first index) with, else the dataset's own."""
+    epoch = getattr(indices, "epoch", None)
+    if epoch is None and len(indices):
+        epoch = getattr(indices[0], "epoch", None)
+    return default if epoch is None else epoch
+
+
+def _from_binding(name: str, default: Any) -> Any:
+    """A read-only property of a coordl dataset: its binding's `name`, else `default`."""
+    def get(self: CoordlDataset) -> Any:
+        binding = self.binding
+        return default if binding is None else getattr(binding, name)
+
+    def set_default(self: CoordlDataset, value: Any) -> None:
+        if (value is not default and value != default) or self.binding is not None:
+            raise AttributeError(f"{type(self).__name__}.{name} is the loader's (coordl/loader/binding.py): "
+                                 f"bind the dataset with it, e.g. dataset.bind({name}=...)")
+
+    return property(get, set_default, doc=f"The binding's {name} ({default!r} when unbound).")
+
+
+_FINGERPRINT = re.compile(r"[A-Za-z0-9_-]{1,128}")  # it names files in /dev/shm and Redis keys
+
+
+def require_fingerprint(dataset: Any, what: str) -> str:
+    """`dataset.fingerprint`, or a ConfigError saying that `what` (``"cache="``...) needs it and how
+    to write it. Every cache key, shared-memory name and Redis key carries the fingerprint, so a
+    changed dataset is never served stale bytes: a dataset without one cannot be cached."""
+    fingerprint = getattr(dataset, "fingerprint", None)
+    if isinstance(fingerprint, str) and _FINGERPRINT.fullmatch(fingerprint):
+        return fingerprint
+    name = type(dataset).__name__
+    got = "has no `fingerprint` property" if fingerprint is None else f"has fingerprint={fingerprint!r}"
+    raise ConfigError(
+        f"{what} needs the dataset's `fingerprint` (1 to 128 letters, digits, '-' or '_' that change "
+        f"whenever any item's bytes change: cache segments, Redis keys and the coordinator name items by "
+        f"it), and {name} {got}: define `@property def fingerprint(self) -> str` on {name}, e.g. "
+        f"hashlib.sha256 of the item names, sizes and modification times (or of the bytes) .hexdigest(), "
+        f"or leave {what} unset")
+
+
+class CoordlDataset(torch.utils.data.Dataset):
+    """The base of every dataset `coordl.DataLoader` binds, caches and coordinates.
+
+    A subclass writes `__len__`, `fingerprint`, `read` and `prep` (see the module docstring); a
+    dataset that merely has methods of those names without deriving from this class is *not*
+    one: coordl.DataLoader treats it exactly as torch does.
+    """
+
+    seed: int = 0           # order and augmentation seed: rng(i, epoch) is a function of (seed, epoch, i)
+    on_error: str = "raise"  # a SampleError from read or prep: "raise", or "skip" (dropped and counted)
+    epoch: int = 0          # the epoch `ds[i]` uses (the loader tags batches with theirs)
+
+    def __init__(self, *, seed: int = 0, on_error: str = "raise") -> None:
+        """Optional: a subclass may call it to set (and check) `seed` and `on_error`."""
+        self.seed, self.on_error = seed, on_error
+        self._check_contract()
+
+    # -- the contract: what a subclass writes --
+    def read(self, i: int) -> bytes:
+        """Item i's encoded bytes, from storage (uncounted, uncached: `fetch` does both). Raise
+        `SampleError` for an item that cannot be read (an OSError is turned into one)."""
+        raise NotImplementedError(f"{type(self).__name__}.read(i) -> bytes: write it (the item's bytes "
+                                  "from storage; coordl.CoordlDataset's contract)")
+
+    def prep(self, raw, i: int, epoch: int | None = None):
+        """Decode and augment item i's bytes `raw` into a sample torch collates. Draw randomness
+        from ``self.rng(i, epoch)``; raise `SampleError` for bytes that cannot be decoded."""
+        raise NotImplementedError(f"{type(self).__name__}.prep(raw, i, epoch) -> sample: write it "
+                                  "(decode + augment; coordl.CoordlDataset's contract)")
+
+    def rng(self, i: int, epoch: int | None = None) -> random.Random:
+        """Item i's generator in `epoch` (default: the dataset's): a `random.Random` that is a pure
+        function of (seed, epoch, i), the one the built-in crops draw from (pipelines/crop.py)."""
+        return crop.item_rng(int(self.seed), int(self.epoch if epoch is None else epoch), int(i))
+
+    def np_rng(self, i: int, epoch: int | None = None) -> np.random.Generator:
+        """As `rng`, as a numpy `Generator` (PCG64 seeded from (seed, epoch, i))."""
+        epoch = self.epoch if epoch is None else epoch
+        mask = (1 << 64) - 1
+        return np.random.default_rng([int(self.seed) & mask, int(epoch) & mask, int(i) & mask])
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    # -- what the loader attaches --
+    #: What a loader attached (`bind`): counters, cache, buffers, coordinator
+    #: (coordl/loader/binding.py). None on the dataset the user made, which never changes.
+    binding: Binding | None = None
+
+    def bind(self, binding: Binding | None = None, *, counters: Counting | None = None, cache: Any = None,
+             drop_page_cache: bool = False) -> Any:
+        """A light copy of this dataset that carries `binding` (or one of `counters`, `cache`
+        and `drop_page_cache`). The copy shares everything read-only (the manifest arrays);
+        the loader owns it and may set its binding's batch buffers and its epoch."""
+        self._check_contract()
+        if binding is None:
+            binding = Binding(counters if counters is not None else NO_COUNTERS, cache, bool(drop_page_cache))
+        bound = copy.copy(self)
+        bound.binding = binding
+        return bound
+
+    @property
+    def is_bound(self) -> bool:
+        """Is this a loader's bound copy (`bind`)? A loader built over one keeps its binding."""
+        return self.binding is not None
+
+    # What the dataset reads from its binding (the unbound defaults without one). Read-only:
+    # the binding is the loader's; assigning the unbound default is accepted, as subclasses
+    # written before the binding declared these in __init__.
+    counters = _from_binding("counters", NO_COUNTERS)
+    cache = _from_binding("cache", None)
+    drop_page_cache = _from_binding("drop_page_cache", False)
+    batch_slots = _from_binding("batch_slots", 0)
+    coordinator = _from_binding("coordinator", None)
+
+    def _check_contract(self) -> None:
+        """ConfigError naming what a subclass got wrong: a bad on_error or seed, no read or prep."""
+        name = type(self).__name__
+        if self.on_error not in names.ON_ERROR:
+            raise ConfigError(f"{name}.on_error={self.on_error!r} must be 'raise' or 'skip'")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+            raise ConfigError(f"{name}.seed={self.seed!r} must be an int")
+        cls = type(self)
+        for method, base in (("read", "fetch"), ("prep", "__getitems__")):
+            if getattr(cls, method) is getattr(CoordlDataset, method) and \
+                    getattr(cls, base) is getattr(CoordlDataset, base):
+                raise ConfigError(f"{name} does not define `{method}`, which a coordl.CoordlDataset writes "
+                                  f"(read(i) -> bytes from storage; prep(raw, i, epoch) -> sample): see "
+                                  "README 'Write your own dataset'")
+
+    # -- what the base class puts around read and prep --
+    def fetch(self, i: int) -> bytes | memoryview:
+        """The encoded bytes of item i, from the cache when it holds them, else `read` (counted,
+        and offered to the cache)."""
+        cache = self.cache
+        if cache is not None:
+            if hasattr(cache, "get_many"):  # partitioned: the cache counts its own hits
+                hit = cache.get_many([i], self.counters).get(i)
+            else:
+                hit = cache.get(i)
+                self.counters.add(**({"cache_hits": 1} if hit is not None else {"cache_misses": 1}))
+            if hit is not None:
+                return hit
+        return self._read(i)
+
+    def _read(self, i: int, pending: Any = None) -> bytes:
+        """Item i from storage through `read`, counted and offered to the cache."""
+        try:
+            raw = self.read(i)
+        except OSError as e:
+            raise at_item(SampleError(f"{type(self).__name__} item {i}: cannot read it ({e}): check the "
+                                      "storage, or pass on_error='skip'"), i) from e
+        except SampleError as e:
+            raise at_item(e, i) from e.__cause__
+        if not isinstance(raw, (bytes, bytearray, memoryview)):
+            raise ConfigError(f"{type(self).__name__}.read({i}) returned {type(raw).__name__}: it must "
+                              "return the item's encoded bytes (decode in prep)")
+        self.counters.add(storage_reads=1, storage_bytes=len(raw))
+        cache = self.cache
+        if cache is not None and cache.put(i, raw):
+            self.counters.add(cache_inserts=1)
+        return raw
+
+    def _prep(self, raw, i: int, epoch: int) -> Any:
+        """`prep`, counted as one decode; its SampleError notes the item."""
+        self.counters.add(decodes=1)
+        try:
+            return self.prep(raw, i, epoch)
+        except SampleError as e:
+            raise at_item(e, i) from e.__cause__
+
+    def __getitem__(self, i: int):
+        epoch = getattr(i, "epoch", None)
+        sample = self._prep(self.fetch(int(i)), int(i), self.epoch if epoch is None else epoch)
+        self.counters.add(samples=1)
+        return sample
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """One batch: a list of samples (torch's collate stacks them). The batch's cache hits are
+        asked for together from a partitioned cache; a skipped item is left out."""
+        if self.coordinator is not None:  # a loader a framework re-created from loader.dataset
+            return self.coordinator.framework_batch(indices)  # (coordinator/client.py)
+        epoch = epoch_of(indices, self.epoch)
+        items = [int(i) for i in indices]
+        cache = self.cache
+        hits = cache.get_many(items, self.counters) if hasattr(cache, "get_many") else None
+        out = []
+        for i in items:
+            try:
+                raw = None if hits is None else hits.get(i)
+                if raw is None:
+                    raw = self.fetch(i) if hits is None else self._read(i)
+                out.append(self._prep(raw, i, epoch))
+            except SampleError as e:
+                skip_or_raise(self.on_error, self.counters, e)
+        self.counters.add(samples=len(out))
+        return out
+
+    # -- the coordinator daemon (coordl serve --dataset pkg.mod:Class) --
+    def served_as(self) -> tuple[str, str, int]:
+        """(where, kind, size) a coordinator Hello names this dataset by: for a user's subclass its
+        class path as the kind (the daemon must run the same class) and size 0 (the daemon's)."""
+        cls = type(self)
+        return repr(self)[:200], f"{cls.__module__}:{cls.__qualname__}", 0
+
+    def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
+                  ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:
+        """The coordinator's prep: items into rows of `images` (n, h, w, 3) uint8 and `labels`; returns
+        how many rows were kept. The daemon's ring holds images and int labels, so `prep` must
+        return (image, label) with a uint8 image of (3, h, w) or (h, w, 3); anything else is refused."""
+        row = 0
+        for i in (int(i) for i in indices):
+            try:
+                sample = self._prep(self.fetch(i), i, epoch)
+            except SampleError as e:
+                skip_or_raise(self.on_error, self.counters, e)
+                continue
+            images[row], labels[row] = _ring_row(self, i, sample, images.shape[1:])
+            if ids is not None:
+                ids[row] = i
+            if kept is not None:
+                kept.append(i)
+            row += 1
+        self.counters.add(samples=row)
+        return row
+
+
+def _ring_row(ds: CoordlDataset, i: int, sample: Any, hwc: tuple) -> tuple[np.ndarray, int]:
+    """(image as (h, w, 3) uint8, label) of a sample for the daemon's ring, or CoordinatorError."""
+    image, label = sample if isinstance(sample, (tuple, list)) and len(sample) == 2 else (sample, None)
+    arr = image.numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
+    if arr.ndim == 3 and arr.shape[0] == 3 and tuple(arr.shape[1:]) == tuple(hwc[:2]):
+        arr = arr.transpose(1, 2, 0)
+    if arr.dtype != np.uint8 or tuple(arr.shape) != tuple(hwc) or isinstance(label, bool) or \
+            not isinstance(label, (int, np.integer, torch.Tensor)):
+        raise CoordinatorError(
+            f"coordl serve --dataset {type(ds).__module__}:{type(ds).__qualname__}: prep({i}) returned "
+            f"{_describe(sample)}; the daemon's ring holds (image, label) samples: a uint8 image of "
+            f"(3, {hwc[0]}, {hwc[1]}) or ({hwc[0]}, {hwc[1]}, 3) (coordl serve --size {hwc[0]}) and an int "
+            "label. Serve this dataset with those samples, or load it without coordinator=")
+    return arr, int(label)
+
+
+def _describe(sample: Any) -> str:
+    if isinstance(sample, (tuple, list)):
+        return "(" + ", ".join(_describe(s) for s in sample) + ")"
+    shape = getattr(sample, "shape", None)
+    return f"{type(sample).__name__} {tuple(shape)} {getattr(sample, 'dtype', '')}".strip() \
+        if shape is not None else type(sample).__name__
+
+
+def from_import_path(spec: str, args: dict | None, seed: int, on_error: str) -> CoordlDataset:
+    """``coordl serve --dataset pkg.mod:Class --dataset-args JSON``: ``Class(**args)``, a
+    CoordlDataset, with the daemon's --seed and --on-error (set on it after construction; `args`
+    may repeat them only with the same values)."""
+    import importlib
+
+    module_name, _, qualname = spec.partition(":")
+    if not module_name or not qualname:
+        raise ConfigError(f"--dataset {spec!r}: name the class as module:Class, e.g. --dataset mypkg.data:MyDataset")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"--dataset {spec!r}: cannot import {module_name!r} ({e}): install it, or add its "
+                          "folder to PYTHONPATH in the daemon's environment") from None
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not (isinstance(obj, type) and issubclass(obj, CoordlDataset)):
+        raise ConfigError(f"--dataset {spec!r}: {qualname} in {module_name} is "
+                          f"{'missing' if obj is None else type(obj).__name__}, not a coordl.CoordlDataset subclass")
+    args = dict(args or {})
+    for key, flag, value in (("seed", "--seed", seed), ("on_error", "--on-error", on_error)):
+        if key in args and args[key] != value:
+            raise ConfigError(f"--dataset-args gives {key}={args[key]!r} but the daemon's {flag} is {value!r}: "
+                              f"give it once, with {flag}")
+    try:
+        dataset = obj(**args)
+    except TypeError as e:
+        raise ConfigError(f"--dataset {spec!r} --dataset-args {args!r}: {qualname}(**args) failed ({e}): "
+                          "give the arguments its __init__ takes") from None
+    dataset.seed, dataset.on_error = seed, on_error
+    dataset._check_contract()
+    return dataset
