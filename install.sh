@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything coordl and its tests need on a fresh Debian machine:
-# system packages, a virtual environment in .venv, torch 2.13.0 (CPU wheel),
+# system packages, a virtual environment in .venv, torch 2.13.0 (as pip's index serves it),
 # pillow-simd built from source with AVX2, NVIDIA DALI, and coordl itself
 # in editable mode with its test tools. Safe to run again.
 set -euo pipefail
