@@ -33,7 +33,7 @@ lone state of another world size stands for every rank at its batch: what a DDP 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -44,13 +44,20 @@ from coordl.loader.sampling import share_size
 _FIX = "pass the states the ranks' loader.state_dict() returned, unchanged, states[r] from rank r"
 
 
+class Stage(TypedDict):
+    """One job's part of an epoch: its world size and the batches each of its ranks received."""
+
+    world_size: int
+    batches: list[int]
+
+
 def share_batches(positions: int, world_size: int, batch_size: int, drop_last: bool) -> int:
     """Batches one rank reads when `world_size` ranks split `positions` of an order."""
     n = share_size(positions, world_size, drop_last)
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
-def rest_of_epoch(items: int, stages: list[dict], batch_size: int, drop_last: bool) -> np.ndarray:
+def rest_of_epoch(items: int, stages: list[Stage], batch_size: int, drop_last: bool) -> np.ndarray:
     """The positions of an epoch's order (of `items`) that `stages` did not read, in order.
 
     Each stage is ``{"world_size": W, "batches": [b_0, ..., b_{W-1}]}``: W ranks split what the
@@ -67,30 +74,31 @@ def rest_of_epoch(items: int, stages: list[dict], batch_size: int, drop_last: bo
     return rest
 
 
-def check_stages(value: Any, items: int, batch_size: int, drop_last: bool, where: str = "consumed") -> list[dict]:
+def check_stages(value: Any, items: int, batch_size: int, drop_last: bool, where: str = "consumed") -> list[Stage]:
     """`value` as a list of stages, or ConfigError naming the field (types, lengths, ranges)."""
-    if not isinstance(value, list):
+    if not resume.is_list(value):
         raise ConfigError(f"load_state_dict: {where}={str(value)[:80]!r} ({type(value).__name__}) must be "
                           f"a list of {{'world_size': int, 'batches': [int, ...]}}: {_FIX}")
-    stages, left = [], items
+    stages: list[Stage] = []
+    left = items
     for i, stage in enumerate(value):
-        if not isinstance(stage, dict) or set(stage) != {"world_size", "batches"}:
+        if not resume.is_dict(stage) or set(stage) != {"world_size", "batches"}:
             raise ConfigError(f"load_state_dict: {where}[{i}]={str(stage)[:80]!r} must be a dict with "
                               f"the keys 'batches' and 'world_size': {_FIX}")
         world = resume.check_int(f"{where}[{i}]['world_size']", stage["world_size"], 1)
         batches = stage["batches"]
-        if not isinstance(batches, list) or len(batches) != world:
+        if not resume.is_list(batches) or len(batches) != world:
             raise ConfigError(f"load_state_dict: {where}[{i}]['batches']={str(batches)[:80]} must be a "
                               f"list of {world} ints (one per rank of world_size {world}): {_FIX}")
         top = share_batches(left, world, batch_size, drop_last)
-        for r, b in enumerate(batches):
-            resume.check_int(f"{where}[{i}]['batches'][{r}]", b, 0, top, " (the batches of a rank's share)")
-        stages.append({"world_size": world, "batches": list(batches)})
+        checked = [resume.check_int(f"{where}[{i}]['batches'][{r}]", b, 0, top, " (the batches of a rank's share)")
+                   for r, b in enumerate(batches)]
+        stages.append({"world_size": world, "batches": checked})
         left = len(rest_of_epoch(items, stages, batch_size, drop_last))
     return stages
 
 
-def _identity_fields(identity: dict) -> tuple[int, int, bool]:
+def _identity_fields(identity: resume.JSONDict) -> tuple[int, int, bool]:
     items, batch_size, drop_last = identity.get("items"), identity.get("batch_size"), identity.get("drop_last")
     if type(items) is not int or type(batch_size) is not int or batch_size < 1 or type(drop_last) is not bool:
         raise ConfigError(f"load_state_dict: identity items={items!r}, batch_size={batch_size!r}, "
@@ -99,26 +107,26 @@ def _identity_fields(identity: dict) -> tuple[int, int, bool]:
     return items, batch_size, drop_last
 
 
-def merge_states(states: list) -> dict:
+def merge_states(states: Any) -> resume.JSONDict:
     """One state standing for every rank of a job: `states[r]` is what rank r's
     ``loader.state_dict()`` returned. Loads into a loader of any world size (exactly: each
     rank's own batch count is used). ConfigError naming the field when the states are not
     the W states of one job at one point."""
-    if not isinstance(states, list) or not states:
+    if not resume.is_list(states) or not states:
         raise ConfigError(f"merge_states: {type(states).__name__} must be a non-empty list of the states "
                           f"of every rank: {_FIX}")
     for r, state in enumerate(states):
         resume.check_version(state, f"states[{r}]")
     first = states[0]
     identity = first["identity"]
-    if not isinstance(identity, dict):
+    if not resume.is_dict(identity):
         raise ConfigError(f"merge_states: states[0]['identity']={identity!r} must be a dict: {_FIX}")
     world = resume.check_int("states[0]['identity']['world_size']", identity.get("world_size"), 1)
     if len(states) != world:
         raise ConfigError(f"merge_states: {len(states)} states of a job of world_size {world}: pass every "
                           f"rank's state, states[r] from rank r ({world} of them)")
     items, batch_size, drop_last = _identity_fields(identity)
-    epochs = []
+    epochs: list[int] = []
     for r, state in enumerate(states):
         for key in sorted(set(identity) | set(state["identity"])):
             if not resume.same_json(state["identity"].get(key), identity.get(key)):
@@ -137,7 +145,7 @@ def merge_states(states: list) -> dict:
     prior = check_stages(states[behind].get("consumed", []), items, batch_size, drop_last,
                          f"states[{behind}]['consumed']")
     full = share_batches(len(rest_of_epoch(items, prior, batch_size, drop_last)), world, batch_size, drop_last)
-    batches = []
+    batches: list[int] = []
     for r, state in enumerate(states):
         b = resume.check_int(f"states[{r}]['batches']", state["batches"], 0, full, " (the batches of a rank's share)")
         consumed = state.get("consumed", [])
@@ -150,7 +158,7 @@ def merge_states(states: list) -> dict:
                               f"(consumed {str(consumed)[:60]}), states[{behind}] at epoch {epoch}, batch "
                               f"{states[behind]['batches']} (consumed {str(prior)[:60]}): the states of one job saved "
                               f"at one step differ by at most one epoch, the later at its start; {_FIX}")
-    stages = prior + ([{"world_size": world, "batches": batches}] if any(batches) else [])
+    stages = prior + ([Stage(world_size=world, batches=batches)] if any(batches) else [])
     return resume.make_state(identity, epoch, 0, None, None, stages)
 
 
@@ -161,10 +169,10 @@ class ResumePoint:
     epoch: int                 # the epoch the next iter(loader) runs
     skip: int                  # batches of this rank's part of it already received
     rest: np.ndarray | None    # positions of the epoch's order still to read (None: all of it)
-    stages: list               # what earlier jobs read of it (the state's next ``consumed``)
+    stages: list[Stage]        # what earlier jobs read of it (the state's next ``consumed``)
 
 
-def resume_point(state: Any, identity: dict) -> ResumePoint:
+def resume_point(state: Any, identity: resume.JSONDict) -> ResumePoint:
     """Where a loader over coordl's plan with `identity` (its world size W') goes on from
     `state`: a state of its own world size, a merged one (`merge_states`) or a lone state of
     another world size (every rank taken to be at its batch). ConfigError naming the field."""
@@ -176,7 +184,7 @@ def resume_point(state: Any, identity: dict) -> ResumePoint:
         full = share_batches(len(rest_of_epoch(items, stages, batch_size, drop_last)),
                              saved_world, batch_size, drop_last)
         resume.check_int("batches", batches, 0, full, f" (the batches per epoch of a rank of world_size {saved_world})")
-        stages, batches = stages + [{"world_size": saved_world, "batches": [batches] * saved_world}], 0
+        stages, batches = stages + [Stage(world_size=saved_world, batches=[batches] * saved_world)], 0
     rest = rest_of_epoch(items, stages, batch_size, drop_last) if stages else None
     length = share_batches(items if rest is None else len(rest), world, batch_size, drop_last)
     resume.check_int("batches", batches, 0, length, " (the batches per epoch of this loader)")

@@ -33,7 +33,8 @@ are read again and dropped).
 from __future__ import annotations
 
 import base64
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeGuard
 
 import torch
 
@@ -43,9 +44,23 @@ VERSION = 1          # a state as any coordl since resume began reads it
 ELASTIC_VERSION = 2  # a state with ``consumed`` stages: a coordl before elastic resume refuses it
 _READS = (VERSION, ELASTIC_VERSION)
 
+# A state, or a part of it (identity, sampler, a consumed stage), as JSON gives it back:
+# string keys, values of any JSON type until a check_* below has looked at them.
+JSONDict = dict[str, Any]
 
-def make_state(identity: dict, epoch: int, batches: int, sampler: dict | None,
-               rank: int | None = None, consumed: list | None = None) -> dict:
+
+def is_dict(value: object) -> TypeGuard[JSONDict]:
+    """Whether `value` is a dict: a JSON object (its keys are strings, its values anything)."""
+    return isinstance(value, dict)
+
+
+def is_list(value: object) -> TypeGuard[list[Any]]:
+    """Whether `value` is a list: a JSON array (its items anything)."""
+    return isinstance(value, list)
+
+
+def make_state(identity: JSONDict, epoch: int, batches: int, sampler: JSONDict | None,
+               rank: int | None = None, consumed: Sequence[Mapping[str, Any]] | None = None) -> JSONDict:
     return {"version": ELASTIC_VERSION if consumed else VERSION, "epoch": int(epoch),
             "batches": int(batches), "rank": rank,
             "identity": dict(identity), "sampler": sampler, "consumed": list(consumed or [])}
@@ -70,8 +85,8 @@ def same_json(saved: Any, value: Any) -> bool:
     return type(saved) is type(value) and saved == value
 
 
-def _check_identity(saved: Any, identity: dict, elastic: bool = False) -> None:
-    if not isinstance(saved, dict):
+def _check_identity(saved: Any, identity: JSONDict, elastic: bool = False) -> None:
+    if not is_dict(saved):
         raise ConfigError(f"load_state_dict: identity={saved!r} ({type(saved).__name__}) must "
                           f"be a dict with the keys {sorted(identity)}: {_FIX}")
     if elastic:  # another world size is fine: the epoch is re-split (coordl/loader/elastic.py)
@@ -87,15 +102,15 @@ def _check_identity(saved: Any, identity: dict, elastic: bool = False) -> None:
                           "or start the epoch afresh without load_state_dict")
 
 
-def _check_sampler(saved: Any) -> dict | None:
+def _check_sampler(saved: Any) -> JSONDict | None:
     """None, {"seed": int} or {"generator_state": base64 of a torch CPU generator's state}."""
     if saved is None:
         return None
-    if isinstance(saved, dict) and set(saved) == {"seed"}:
+    if is_dict(saved) and set(saved) == {"seed"}:
         check_int("sampler['seed']", saved["seed"], *_SEED_RANGE)
         return saved
-    if isinstance(saved, dict) and set(saved) == {"generator_state"}:
-        raw = saved["generator_state"]
+    if is_dict(saved) and set(saved) == {"generator_state"}:
+        raw: Any = saved["generator_state"]
         try:
             size = len(base64.b64decode(raw, validate=True)) if isinstance(raw, str) else -1
         except ValueError:
@@ -111,7 +126,7 @@ def _check_sampler(saved: Any) -> dict | None:
 
 def check_version(state: Any, where: str = "state") -> None:
     """ConfigError unless `state` is a dict of a version this coordl reads, with its fields."""
-    if not isinstance(state, dict) or "version" not in state:
+    if not is_dict(state) or "version" not in state:
         raise ConfigError(f"load_state_dict: {type(state).__name__} is not a coordl.DataLoader {where}: "
                           "pass what loader.state_dict() returned (a dict, e.g. loaded from JSON), or "
                           "a list of every rank's states")
@@ -127,8 +142,8 @@ def check_version(state: Any, where: str = "state") -> None:
                           f"(consumed={str(state['consumed'])[:60]}): {_FIX}")
 
 
-def check_state(state: Any, identity: dict, batches_per_epoch: int | None = None,
-                elastic: bool = False) -> tuple[int, int, dict | None]:
+def check_state(state: Any, identity: JSONDict, batches_per_epoch: int | None = None,
+                elastic: bool = False) -> tuple[int, int, JSONDict | None]:
     """(epoch, batches received, sampler state) of `state`, or ConfigError naming the field.
 
     Every field is checked for its type and range (a bool is not an int here), `batches`
@@ -158,9 +173,9 @@ class SamplerRNG:
 
     def __init__(self, sampler: torch.utils.data.RandomSampler) -> None:
         self.sampler = sampler
-        self._own = sampler.generator is None   # torch would draw a new seed every epoch
-        self.saved: dict | None = None
-        self.restore: dict | None = None
+        self._own = self._generator() is None   # torch would draw a new seed every epoch
+        self.saved: JSONDict | None = None
+        self.restore: JSONDict | None = None
 
     def begin(self) -> None:
         state, self.restore = self.restore, None
@@ -169,8 +184,15 @@ class SamplerRNG:
             self.sampler.generator = torch.Generator().manual_seed(seed)
             self.saved = {"seed": seed}
             return
-        gen = self.sampler.generator
+        gen = self._generator()
+        if gen is None:
+            raise ConfigError("RandomSampler.generator was set to None after the coordl.DataLoader was built "
+                              "with a generator: keep the sampler's generator, or build a new loader")
         if state:
             gen.set_state(torch.frombuffer(bytearray(base64.b64decode(state["generator_state"])),
                                            dtype=torch.uint8))
         self.saved = {"generator_state": base64.b64encode(gen.get_state().numpy().tobytes()).decode()}
+
+    def _generator(self) -> torch.Generator | None:
+        # torch: RandomSampler.generator is assigned in __init__ without an annotation (Unknown to pyright)
+        return self.sampler.generator  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]

@@ -11,6 +11,8 @@ two functions, so they agree on every batch without talking to each other.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -63,14 +65,14 @@ def rank_share(order: np.ndarray, rank: int, world_size: int, drop_last: bool = 
     return full[rank:total:world_size]
 
 
-class EpochBatch(list):
+class EpochBatch(list[int]):
     """A batch of dataset indices that carries the epoch it belongs to."""
 
-    def __init__(self, indices, epoch: int) -> None:
+    def __init__(self, indices: Iterable[int], epoch: int) -> None:
         super().__init__(indices)
         self.epoch = epoch
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[EpochBatch], tuple[list[int], int]]:
         return EpochBatch, ([int(i) for i in self], self.epoch)
 
 
@@ -79,21 +81,35 @@ class EpochIndex(int):
     sampler of anyone's (Accelerate's BatchSamplerShard) passes the epoch on to persistent
     workers, which never see the dataset's `set_epoch` in the main process."""
 
+    epoch: int
+
     def __new__(cls, index: int, epoch: int) -> EpochIndex:
         obj = super().__new__(cls, index)
         obj.epoch = epoch
         return obj
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[EpochIndex], tuple[int, int]]:
         return EpochIndex, (int(self), self.epoch)
 
 
-def check_rank(rank: int, world_size: int) -> None:
+def check_rank(rank: object, world_size: object) -> None:
+    """ConfigError unless `world_size` is an int >= 1 and `rank` an int in [0, world_size):
+    they come from the user, of any type."""
     if not (isinstance(world_size, int) and world_size >= 1):
         raise ConfigError(f"world_size={world_size!r} must be an int >= 1 (the number of ranks)")
     if not (isinstance(rank, int) and 0 <= rank < world_size):
         raise ConfigError(f"rank={rank!r} must be an int in [0, world_size={world_size}): "
                           "the index of this process among the ranks")
+
+
+class RestOfEpoch(Protocol):
+    """What `PlanSampler.rests` holds for an epoch resumed from another job's states
+    (coordl/loader/elastic.py ResumePoint)."""
+
+    @property
+    def rest(self) -> np.ndarray | None:
+        """The positions of the epoch's order still to read (None: all of it)."""
+        ...
 
 
 class PlanSampler(torch.utils.data.Sampler[int]):
@@ -111,7 +127,7 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         # epoch -> its ResumePoint (coordl/loader/elastic.py: .rest, the positions of its order still
         # to read, and .stages): an epoch resumed from another job's states. Shared by
         # the loader's plan and rank samplers (the same dict object), set by load_state_dict.
-        self.rests: dict = {}
+        self.rests: dict[int, RestOfEpoch] = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -120,15 +136,15 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         """The global order of `epoch` this sampler splits: the plan's, or of an epoch resumed
         from another job, the part of it that job had not read (`rests`)."""
         order = epoch_order(self.items, self.seed, epoch, self.shuffle)
-        rest = self.rests.get(epoch)
-        return order if rest is None else order[rest.rest]
+        point = self.rests.get(epoch)
+        return order if point is None or point.rest is None else order[point.rest]
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's items of `epoch` (default: the current one), in order."""
         order = self.order(self.epoch if epoch is None else epoch)
         return rank_share(order, self.rank, self.world_size, self.drop_last)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         epoch = self.epoch
         return (EpochIndex(i, epoch) for i in self.indices().tolist())
 
