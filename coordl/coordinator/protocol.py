@@ -37,7 +37,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 import msgpack
 
@@ -77,12 +77,22 @@ def printable(text: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def _printable(value):
+def _is_map(value: object) -> TypeGuard[dict[Any, Any]]:
+    """Whether `value` is a dict (a msgpack map: keys and values of any msgpack type)."""
+    return isinstance(value, dict)
+
+
+def _is_array(value: object) -> TypeGuard[list[Any] | tuple[Any, ...]]:
+    """Whether `value` is a list or tuple (a msgpack array: items of any msgpack type)."""
+    return isinstance(value, (list, tuple))
+
+
+def _printable(value: Any) -> Any:
     if isinstance(value, str):
         return printable(value)
-    if isinstance(value, dict):
+    if _is_map(value):
         return {_printable(k): _printable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if _is_array(value):
         return [_printable(v) for v in value]
     return value
 
@@ -285,7 +295,7 @@ class ShuttingDown(Message):
 @dataclass(frozen=True)
 class StatusReply(Message):
     TYPE: ClassVar[str] = "status_reply"
-    status: dict             # see Daemon.status()
+    status: dict[str, Any]   # see Daemon.status()
 
 
 # -- daemon <-> prep worker ---------------------------------------------------------
@@ -308,7 +318,7 @@ class PrepDone(Message):
     lo: int
     hi: int
     kept: int
-    counters: dict           # this task's counter increments (stats.KEYS)
+    counters: dict[str, int]  # this task's counter increments (stats.KEYS)
 
 
 @dataclass(frozen=True)
@@ -345,9 +355,13 @@ TO_WORKER = _registry(PrepTask)
 FROM_WORKER = _registry(PrepDone, PrepFailed)
 
 
-def _fits(value, tp) -> bool:
+def _fits(value: object, tp: Any) -> bool:
+    """Whether `value` (decoded msgpack) is of the field type `tp`; a ``dict[...]`` field is checked
+    as a map only (its keys and values are not looked at)."""
     if isinstance(tp, types.UnionType):
         return any(_fits(value, t) for t in typing.get_args(tp))
+    if typing.get_origin(tp) is dict:
+        return isinstance(value, dict)
     if tp is type(None):
         return value is None
     if tp is int:
@@ -361,7 +375,7 @@ def decode(body: bytes, accepted: dict[str, type[Message]]) -> Message:
         data = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise ProtocolError(f"frame is not valid msgpack ({type(e).__name__})") from None
-    if not isinstance(data, dict):
+    if not _is_map(data):
         raise ProtocolError(f"frame is a msgpack {type(data).__name__}, not a map")
     kind = data.pop("type", None)
     cls = accepted.get(kind) if isinstance(kind, str) else None
@@ -379,7 +393,7 @@ def decode(body: bytes, accepted: dict[str, type[Message]]) -> Message:
 
 
 @functools.cache
-def _schema(cls: type[Message]) -> dict[str, type]:
+def _schema(cls: type[Message]) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields(cls)}
 
@@ -393,7 +407,7 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[Message]:
         self._buf += data
-        out = []
+        out: list[Message] = []
         while len(self._buf) >= HEADER.size:
             (length,) = HEADER.unpack_from(self._buf)
             if length > self.limit:
