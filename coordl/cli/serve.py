@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import click
 
@@ -29,8 +30,14 @@ def _size(ctx, param, value):
 
 
 @click.command("serve")
-@click.option("--data", required=True, type=click.Path(file_okay=False),
+@click.option("--data", default=None, type=click.Path(file_okay=False),
               help="ImageFolder root: a folder, or a URL such as s3://bucket/prefix (see --storage-options).")
+@click.option("--dataset", "dataset_class", default=None, metavar="MODULE:CLASS",
+              help="Serve your coordl.CoordlDataset subclass instead of --data, e.g. mypkg.data:MyDataset "
+                   "(importable by the daemon: installed, or on PYTHONPATH). Its prep must return (uint8 "
+                   "image (3, N, N) or (N, N, 3) with N = --size, int label); --seed and --on-error are set on it.")
+@click.option("--dataset-args", default=None, metavar="JSON",
+              help="With --dataset: its keyword arguments as a JSON object, e.g. '{\"root\": \"/data/x\"}'.")
 @click.option("--batch-size", type=int, required=True, help="Images per batch (the jobs' batch_size).")
 @click.option("--transform", type=click.Choice(names.TRANSFORMS), default="train", show_default=True)
 @click.option("--size", type=int, default=224, show_default=True, help="Output height and width.")
@@ -73,7 +80,7 @@ def _size(ctx, param, value):
                    "are read (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).")
 def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_bytes, socket_path,
               slots, straggler_timeout, min_jobs, join_window, hello_timeout, shuffle, drop_last,
-              on_error, backend, dali_device, detach, storage_options):
+              on_error, backend, dali_device, detach, storage_options, dataset_class, dataset_args):
     """The coordinator daemon: prepare each batch once, for every attached job.
 
     Jobs attach with coordl.DataLoader(coordl.ImageFolder(DIR), batch_size=B,
@@ -82,9 +89,10 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
     from coordl.coordinator.daemon import Daemon
     from coordl.datasets.sources import parse_storage_options
 
-    extra = {k: v for k, v in (("workers", workers), ("socket", socket_path),
+    extra: dict[str, Any] = {k: v for k, v in (("workers", workers), ("socket", socket_path),
                                ("storage_options", parse_storage_options(storage_options))) if v is not None}
-    config = ServeConfig(data=data, batch_size=batch_size, transform=transform, size=size,
+    extra.update(_dataset_options(dataset_class, dataset_args))
+    config = ServeConfig(data=data or "", batch_size=batch_size, transform=transform, size=size,
                          epochs=epochs, seed=seed, cache_bytes=cache_bytes, slots=slots,
                          straggler_timeout=straggler_timeout, min_jobs=min_jobs,
                          join_window=join_window, hello_timeout=hello_timeout, shuffle=shuffle,
@@ -99,6 +107,18 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s coordl serve[%(process)d]: %(message)s")
     daemon.run(ready=_announce)  # returns when stopped as told; a failure raises
+
+
+def _dataset_options(dataset_class: str | None, dataset_args: str | None) -> dict:
+    """--dataset and --dataset-args as ServeConfig fields (bad JSON named)."""
+    if dataset_args is None:
+        return {"dataset": dataset_class} if dataset_class else {}
+    try:
+        args = json.loads(dataset_args)
+    except ValueError as e:
+        raise click.BadParameter(f"{dataset_args!r} is not JSON ({e}): pass an object such as "
+                                 "'{\"root\": \"/data/x\"}'", param_hint="--dataset-args") from None
+    return {"dataset": dataset_class, "dataset_args": args}
 
 
 def _check_cuda_devices() -> None:

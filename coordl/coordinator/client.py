@@ -64,7 +64,7 @@ import torch
 from coordl import names
 from coordl.batch import PreparedBatch
 from coordl.cache.forkguard import ForkGuard
-from coordl.datasets.imagefolder import CoordlDataset
+from coordl.datasets.base import CoordlDataset, require_fingerprint
 from coordl.errors import ConfigError, CoordinatorError, SampleError
 from coordl.loader import resume
 
@@ -104,10 +104,11 @@ class Client:
         self.timeout = float(timeout) if timeout and timeout > 0 else None
         self._fork = ForkGuard()  # the connection is this process's; a fork may not use it
         self.channel = _Channel(self.path)
+        served = dataset.served_as()  # (where, transform or class path, size: coordl/datasets/base.py)
         try:
             self.channel.send(p.Hello(
-                p.VERSION, dataset.fingerprint, os.fspath(dataset.root), len(dataset),
-                dataset.transform, dataset.size, int(dataset.seed), str(dataset.on_error),
+                p.VERSION, dataset.fingerprint, served[0], len(dataset),
+                served[1], served[2], int(dataset.seed), str(dataset.on_error),
                 int(batch_size), bool(shuffle), bool(drop_last), os.getpid()))
             reply = self.channel.recv(_HELLO_TIMEOUT, "its welcome")
             if isinstance(reply, p.Refused):
@@ -393,6 +394,12 @@ def _check_dataset(dataset, batch_size) -> None:
     if not isinstance(dataset, CoordlDataset):
         raise ConfigError(f"coordinator=... needs a coordl dataset (the daemon prepares its items); "
                           f"{type(dataset).__name__} is not one: use coordl.ImageFolder(root)")
+    if type(dataset).served_as is CoordlDataset.served_as:  # a user's subclass: the daemon runs the same
+        require_fingerprint(dataset, "coordinator=")          # class (coordl serve --dataset pkg.mod:Class)
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ConfigError(f"coordinator=... needs an integer batch_size (the daemon's "
+                              f"--batch-size), got batch_size={batch_size!r}")
+        return
     missing = [a for a in ("fingerprint", "root", "transform", "size", "on_error") if not hasattr(dataset, a)]
     if missing:  # a coordl dataset of another kind (the daemon opens an ImageFolder of the same root)
         raise ConfigError(f"coordinator=... needs a coordl.ImageFolder (the daemon prepares its "

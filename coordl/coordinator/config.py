@@ -57,7 +57,7 @@ def _default_workers() -> int:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    data: str                               # ImageFolder root
+    data: str                               # ImageFolder root ("" with `dataset`)
     batch_size: int                         # B
     transform: str = "train"                # "train" or "val"
     size: int = 224                         # output height and width
@@ -77,9 +77,19 @@ class ServeConfig:
     backend: str = "cpu"                    # "cpu": coordl's pipeline; "dali": pipelines/dali.py
     dali_device: str = "cpu"                # with backend "dali": "cpu" or "gpu" (nvJPEG, device 0)
     storage_options: dict | None = field(default=None, repr=False)  # data at a URL: its filesystem's options
+    dataset: str | None = None              # "pkg.mod:Class", a coordl.CoordlDataset to serve instead of `data`
+    dataset_args: dict | None = None        # ... its keyword arguments (--dataset-args JSON)
 
     def __post_init__(self) -> None:
         self._check_backend()
+        if bool(self.data) == bool(self.dataset):
+            raise ConfigError("coordl serve needs one of --data DIR (an ImageFolder) or --dataset pkg.mod:Class "
+                              f"(your coordl.CoordlDataset), got {'both' if self.data else 'neither'}")
+        if self.dataset_args is not None and not (self.dataset and isinstance(self.dataset_args, dict)):
+            raise ConfigError("--dataset-args must be a JSON object, and goes with --dataset pkg.mod:Class")
+        if self.dataset and self.backend != "cpu":
+            raise ConfigError(f"--dataset {self.dataset} --backend {self.backend}: a user's dataset preps with its "
+                              "own prep on the CPU backend: drop --backend")
         if self.transform not in names.TRANSFORMS:
             raise ConfigError(f"--transform {self.transform!r}: use 'train' or 'val'")
         if self.on_error not in names.ON_ERROR:

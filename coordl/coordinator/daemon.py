@@ -91,13 +91,17 @@ class Daemon:
     """`Daemon(config).run()` serves until stopped; see the module docstring."""
 
     def __init__(self, config: ServeConfig) -> None:
+        from coordl.datasets.base import from_import_path, require_fingerprint
         from coordl.datasets.imagefolder import ImageFolder
         from coordl.loader.caching import cache_for
 
         self.config = config
-        folder = ImageFolder(config.data, transform=config.transform, size=config.size,
-                             seed=config.seed, on_error=config.on_error,
-                             storage_options=config.storage_options)
+        folder = from_import_path(config.dataset, config.dataset_args, config.seed, config.on_error) \
+            if config.dataset else ImageFolder(config.data, transform=config.transform, size=config.size,
+                                               seed=config.seed, on_error=config.on_error,
+                                               storage_options=config.storage_options)
+        require_fingerprint(folder, f"coordl serve --dataset {config.dataset or config.data}")
+        self.served = folder.served_as()  # (where, transform or class path, size) as Hellos name it
         self.cache = cache_for(folder, config.cache_bytes) if config.cache_bytes else None
         # the prep workers' view: counted per task, read through the cache without page cache
         self.dataset = folder.bind(counters=TaskCounters(), cache=self.cache,
@@ -188,7 +192,7 @@ class Daemon:
         self.sel.register(listener, selectors.EVENT_READ, self._on_accept)
         log.info("pid %d serving %s (%d items, fingerprint %s) on %s: batch %d, %d slots (%.0f MiB), "
                  "%d workers, epochs per job %s, join window %g s", os.getpid(),
-                 p.printable(self.dataset.root), len(self.dataset), self.dataset.fingerprint[:12],
+                 p.printable(self.served[0]), len(self.dataset), self.dataset.fingerprint[:12],
                  p.printable(self.socket_path), self.plan.batch_size, self.layout.slots,
                  self.layout.total_bytes / 2**20, self.config.workers,
                  self.plan.epochs or "unlimited", self.config.join_window)
@@ -494,8 +498,8 @@ class Daemon:
         counters = {k: int(v) for k, v in self.pool.counters.items()} if self.pool else {}
         return {
             "pid": os.getpid(), "socket": self.socket_path, "ring": self.ring.path if self.ring else None,
-            "data": self.dataset.root, "fingerprint": self.dataset.fingerprint, "items": len(self.dataset),
-            "transform": self.dataset.transform, "size": self.layout.size,
+            "data": self.served[0], "fingerprint": self.dataset.fingerprint, "items": len(self.dataset),
+            "transform": self.served[1], "size": self.layout.size,
             "batch_size": self.plan.batch_size, "batches_per_epoch": self.plan.batches_per_epoch,
             "epochs": self.plan.epochs,  # each job's (None: no limit)
             "seed": self.plan.seed, "shuffle": self.plan.shuffle, "drop_last": self.plan.drop_last,

@@ -22,6 +22,8 @@ def _flag(name: str, value) -> str:
         return "--shuffle" if value else "--no-shuffle"
     if name == "drop_last":
         return "--drop-last" if value else "--keep-last"
+    if name == "transform" and ":" in str(value):  # a user's dataset class (coordl serve --dataset)
+        return f"--dataset {value}"
     return _FLAG[name].format(value)
 
 
@@ -32,15 +34,16 @@ def mismatch(msg: p.Hello, dataset, plan: Plan) -> str | None:
         return (f"protocol version {msg.version} (job) != {p.VERSION} (daemon): run the same "
                 "coordl version in the job and the daemon")
     diffs, serve_with = [], []
+    root, transform, size = dataset.served_as()  # (coordl/datasets/base.py: a user's class by its path)
     if msg.fingerprint != dataset.fingerprint or msg.items != len(dataset):
         diffs.append(f"dataset fingerprint {msg.fingerprint[:12]} ({msg.items} items in "
                      f"'{p.printable(msg.root)}', the job's) != {dataset.fingerprint[:12]} "
-                     f"({len(dataset)} items in '{p.printable(dataset.root)}', the daemon's: "
+                     f"({len(dataset)} items in '{p.printable(root)}', the daemon's: "
                      "point the job and the daemon at the same dataset folder; if its files "
                      "changed since the daemon started, restart the daemon)")
     for name, job_value, ours in (
             ("seed", msg.seed, plan.seed), ("on_error", msg.on_error, dataset.on_error),
-            ("transform", msg.transform, dataset.transform), ("size", msg.size, dataset.size),
+            ("transform", msg.transform, transform), ("size", msg.size, size),
             ("batch_size", msg.batch_size, plan.batch_size), ("shuffle", msg.shuffle, plan.shuffle),
             ("drop_last", msg.drop_last, plan.drop_last)):
         if job_value != ours:

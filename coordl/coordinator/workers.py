@@ -132,6 +132,13 @@ class DaliRows:
         return len(rows)
 
 
+def _file_of(dataset) -> Callable[[int], str]:
+    """What names an item's file in a failure report: the manifest's path, else "<Class> item i"
+    (a user's coordl.CoordlDataset has no manifest)."""
+    manifest = getattr(dataset, "manifest", None)
+    return manifest.path if manifest is not None else lambda i: f"{type(dataset).__name__} item {i}"
+
+
 def row_maker(backend: str, dataset, batch_size: int, dali_device: str = "cpu") -> Callable:
     """A worker's `rows(items, epoch, images, labels, ids) -> kept` for `backend` ("cpu" or "dali")."""
     if backend == "dali":
@@ -175,7 +182,7 @@ def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: in
                                                   counters.take())
                 except Exception as e:  # noqa: BLE001 (travels to the jobs as data; the worker goes on)
                     counters.take()  # the failed batch's counts are dropped with it
-                    reply = p.PrepFailed.of(task, p.Failure.from_exception(e, dataset.manifest.path))
+                    reply = p.PrepFailed.of(task, p.Failure.from_exception(e, _file_of(dataset)))
                 sock.sendall(reply.encode())
     except (BrokenPipeError, ConnectionResetError):
         pass

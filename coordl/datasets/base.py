@@ -108,6 +108,10 @@ class CoordlDataset(torch.utils.data.Dataset):
         self._check_contract()
 
     # -- the contract: what a subclass writes --
+    def __len__(self) -> int:
+        """The number of items."""
+        raise NotImplementedError(f"{type(self).__name__}.__len__: write it (coordl.CoordlDataset's contract)")
+
     def read(self, i: int) -> bytes:
         """Item i's encoded bytes, from storage (uncounted, uncached: `fetch` does both). Raise
         `SampleError` for an item that cannot be read (an OSError is turned into one)."""
@@ -249,7 +253,7 @@ class CoordlDataset(torch.utils.data.Dataset):
         return out
 
     # -- the coordinator daemon (coordl serve --dataset pkg.mod:Class) --
-    def served_as(self) -> tuple[str, str, int]:
+    def served_as(self) -> tuple[str, Any, Any]:
         """(where, kind, size) a coordinator Hello names this dataset by: for a user's subclass its
         class path as the kind (the daemon must run the same class) and size 0 (the daemon's)."""
         cls = type(self)

@@ -329,6 +329,10 @@ class ImageFolder(CoordlDataset):
         assert isinstance(err, SampleError), "called only from an except SampleError block"
         skip_or_raise(self.on_error, self.counters, err)
 
+    def served_as(self) -> tuple[str, Any, Any]:
+        """(root, transform, size): what a coordinator Hello names this dataset by (coordinator/hello.py)."""
+        return os.fspath(self.root), self.transform, self.size
+
     def __repr__(self) -> str:
         return (f"ImageFolder(root={self.root!r}, items={len(self)}, classes={len(self.classes)}, "
                 f"transform={self.transform!r}, size={self.size})")
