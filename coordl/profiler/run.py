@@ -19,11 +19,12 @@ import random
 import resource
 from collections.abc import Callable
 from contextlib import ExitStack
+from typing import Any, cast
 
 import torch
 
 from coordl.datasets import sources
-from coordl.datasets.imagefolder import CoordlDataset
+from coordl.datasets.base import CoordlDataset, require_fingerprint
 from coordl.errors import ConfigError
 
 from . import measure, model
@@ -38,9 +39,10 @@ def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) 
     for name, v, lo in (("batch_size", batch_size, 1), ("num_workers", num_workers, 1), ("steps", steps, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r} must be an int >= {lo}")
-    if not isinstance(dataset, CoordlDataset) or getattr(dataset, "manifest", None) is None:
-        raise ConfigError(f"coordl.profile needs a coordl dataset over a manifest of files (coordl.ImageFolder), "
-                          f"not {type(dataset).__name__}: build it with coordl.ImageFolder(root)")
+    if not isinstance(dataset, CoordlDataset):
+        raise ConfigError(f"coordl.profile needs a coordl dataset (coordl.ImageFolder, or your coordl.CoordlDataset "
+                          f"subclass), not {type(dataset).__name__}: build it with coordl.ImageFolder(root)")
+    require_fingerprint(dataset, "coordl.profile")  # its runs read through private MinIO caches
     need = (WARMUP + steps) * batch_size
     if need > len(dataset):
         fit = len(dataset) // batch_size - WARMUP
@@ -62,6 +64,20 @@ def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) 
     return dev
 
 
+class _ItemReads:
+    """The profiler's storage for a user's CoordlDataset (no manifest of files): `read_file(i)` is its
+    `read(i)`; `evict` does nothing (how cold a read is is up to the user's storage)."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def read_file(self, i: int, drop_page_cache: bool = False) -> bytes:
+        return bytes(self.dataset.read(i))
+
+    def evict(self, paths) -> None:
+        pass
+
+
 class _Session:
     """One profile's measurements, with every temporary cache it makes registered for dropping."""
 
@@ -70,10 +86,15 @@ class _Session:
         self.sync = measure.cuda_sync(device)
         self.rng = random.Random(seed)
         self.stack = stack
-        m = dataset.manifest
-        self.paths = [m.path(i) for i in range(len(dataset))]
-        self.storage = sources.storage_of(dataset)  # local files, or GETs for a dataset at a URL
-        self.sizes = [int(s) for s in m.sizes]
+        m = getattr(dataset, "manifest", None)
+        if m is not None:
+            self.paths: list = [m.path(i) for i in range(len(dataset))]
+            self.storage = sources.storage_of(dataset)  # local files, or GETs for a dataset at a URL
+            self.sizes = [int(s) for s in m.sizes]
+        else:  # a user's CoordlDataset: its read(i), and its sizes from reading every item once
+            self.paths, self.storage = list(range(len(dataset))), cast(Any, _ItemReads(dataset))
+            self.sizes = [len(self.storage.read_file(i)) for i in self.paths]
+        self.where = str(getattr(dataset, "root", "") or type(dataset).__name__)
         self.total_bytes = int(sum(self.sizes))
         self.need = (WARMUP + steps) * batch_size
 
@@ -85,7 +106,7 @@ class _Session:
 
         c = MinIOCache(max(capacity, 1), name=f"profile-{os.getpid()}-{tag}")
         self.stack.callback(c.drop)
-        c.open(self.ds.fingerprint, len(self.ds), label=f"coordl profile {self.ds.root}")
+        c.open(self.ds.fingerprint, len(self.ds), label=f"coordl profile {self.where}")
         return c
 
     def run(self, workers: int, cache, train_step, desc: str) -> measure.Timed:
@@ -196,7 +217,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     result = ProfileResult.build(
         settings={**settings, "batch_size": s.batch_size, "workers": W, "steps": s.steps,
                   "warmup_steps": WARMUP, "repeats": repeats, "cache_bytes": cache_bytes,
-                  "device": str(dev), "dataset": str(s.ds.root), "items": len(s.ds),
+                  "device": str(dev), "dataset": s.where, "items": len(s.ds),
                   "dataset_bytes": s.total_bytes},
         inputs=inputs, ingest=ingest, alone=alone, cold=cold, cached=cached, profiled=profiled,
         profiled_fraction=x0, validation=validation, rounds={k: [t.rate for t in v] for k, v in rounds.items()})
