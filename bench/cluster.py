@@ -68,14 +68,16 @@ it); deleting a namespace deletes its veth pair; the bridge goes last with the c
 from __future__ import annotations
 
 import argparse
-import asyncio
 import atexit
 import fcntl
 import json
 import os
+import queue
 import secrets
 import shutil
 import signal
+import socket
+import socketserver
 import subprocess
 import sys
 import tempfile
@@ -147,6 +149,7 @@ def has_netem() -> bool:
 # -- cleanup (NOTE [cluster bench lifecycle]) ----------------------------------------------
 
 _procs: list[subprocess.Popen] = []
+links_measured: list[dict] = []   # link_check of each partitioned side
 
 
 def _kill_pids(pids: set[int]) -> None:
@@ -328,52 +331,68 @@ def build_network(n: int, bandwidth: str, delay_ms: float, netem: bool) -> None:
 
 # -- the delay relay (latency without sch_netem) -------------------------------------------
 
-async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float) -> None:
-    queue: asyncio.Queue = asyncio.Queue()
+def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
+    """Forward src -> dst, each chunk no earlier than `delay` s after it arrived (order kept).
+    Threads and time.sleep, not asyncio: epoll waits in whole milliseconds, which would turn a
+    0.2 ms delay into 1 ms."""
+    chunks: queue.Queue = queue.Queue()
 
-    async def writer() -> None:
-        while True:
-            due, chunk = await queue.get()
-            if chunk is None:
-                break
-            wait = due - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            dst.write(chunk)
-            await dst.drain()
-        dst.close()
+    def writer() -> None:
+        try:
+            while True:
+                due, chunk = chunks.get()
+                if chunk is None:
+                    break
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
 
-    task = asyncio.ensure_future(writer())
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
     try:
         while True:
-            chunk = await src.read(1 << 18)
+            chunk = src.recv(1 << 18)
             if not chunk:
                 break
-            queue.put_nowait((time.monotonic() + delay, chunk))
-    except ConnectionError:
+            chunks.put((time.monotonic() + delay, chunk))
+    except OSError:
         pass
-    queue.put_nowait((0.0, None))
-    try:
-        await task
-    except ConnectionError:
-        pass
+    chunks.put((0.0, None))
+    t.join()
 
 
-async def _relay(listen: str, port: int, to_port: int, delay: float) -> None:
-    async def handle(reader, writer) -> None:
-        peer = writer.get_extra_info("peername")[0]
-        d = 0.0 if peer in (listen, "127.0.0.1") else delay   # the server's own rank: no link crossed
-        try:
-            up_r, up_w = await asyncio.open_connection("127.0.0.1", to_port)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(_pump(reader, up_w, d), _pump(up_r, writer, d), return_exceptions=True)
+def relay_main(listen: str, port: int, to_port: int, delay: float) -> None:
+    """Listen on listen:port, forward each connection to 127.0.0.1:to_port, delaying both
+    directions by `delay` unless the client is this server itself (its own rank)."""
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            d = 0.0 if self.client_address[0] in (listen, "127.0.0.1") else delay
+            try:
+                up = socket.create_connection(("127.0.0.1", to_port))
+            except OSError:
+                return
+            for sock in (self.request, up):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            back = threading.Thread(target=_pump, args=(up, self.request, d), daemon=True)
+            back.start()
+            _pump(self.request, up, d)
+            back.join()
+            up.close()
 
-    server = await asyncio.start_server(handle, listen, port)
-    print(LINE + "ready", flush=True)
-    async with server:
-        await server.serve_forever()
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads, allow_reuse_address = True, True
+
+    with Server((listen, port), Handler) as server:
+        print(LINE + "ready", flush=True)
+        server.serve_forever()
 
 
 # -- one server's rank ------------------------------------------------------------------------
@@ -469,6 +488,38 @@ def start_nodes(args, budget: int, password: str, tmp: str, relay: bool) -> list
     return urls
 
 
+def link_check(url: str, pings: int = 50, size: int = 4 * MiB, gets: int = 5) -> dict:
+    """The shaped path as a client sees it, from the bridge (the host) to a node: median round
+    trip of a PING, and MiB/s of a GET of a `size`-byte value (median of `gets`; set first,
+    deleted after)."""
+    import statistics
+
+    from coordl.cache import redisnode
+
+    client = redisnode.redis_module().Redis.from_url(url, socket_timeout=30)
+    try:
+        client.ping()
+        rtts = []
+        for _ in range(pings):
+            t0 = time.perf_counter()
+            client.ping()
+            rtts.append(time.perf_counter() - t0)
+        key = f"{PREFIX}:probe"
+        client.set(key, b"\0" * size)
+        times = []
+        for _ in range(gets):
+            t0 = time.perf_counter()
+            got = client.get(key)
+            times.append(time.perf_counter() - t0)
+            if got is None or len(got) != size:
+                raise RuntimeError(f"bench: link check: the {size}-byte value did not come back from the node")
+        client.delete(key)
+        return {"ping_rtt_ms": round(1e3 * statistics.median(rtts), 3),
+                "get_mib_s": round(size / MiB / statistics.median(times), 1), "get_bytes": size}
+    finally:
+        client.close()
+
+
 def run_side(args, side: str, budget: int, total: int, files: list[str], storage_cg: list[str], tmp: str,
              relay: bool) -> list[list[dict]]:
     import coordl
@@ -478,6 +529,9 @@ def run_side(args, side: str, budget: int, total: int, files: list[str], storage
     password = secrets.token_hex(16)
     node_procs = len(_procs)
     urls = start_nodes(args, budget, password, tmp, relay) if side == "partitioned" else []
+    if urls:
+        links_measured.append(link_check(urls[-1]))
+        print(f"bench: link from the bridge to {ns_name(args.servers - 1)}'s node: {links_measured[-1]}", flush=True)
     side_budget = total if side == "reference" else budget
     made = []
     if side == "reference":   # the whole dataset in each server's memory before epoch 1
@@ -554,7 +608,10 @@ def markdown(args, result: dict) -> str:
              f"{s['storage_mbps']} MiB/s in all (blkio), page cache bypassed. Dataset {d['files']} JPEGs, "
              f"{d['total_bytes'] / MiB:.1f} MiB; budget {result['budget_bytes'] / MiB:.1f} MiB per server "
              f"({s['budget_fraction']:.2f} of the dataset; reference: the whole dataset in each server's memory). "
-             f"Train transform {s['size']} px, batch {s['batch_size']}, {s['workers']} worker(s) per rank.", "",
+             f"Train transform {s['size']} px, batch {s['batch_size']}, {s['workers']} worker(s) per rank."
+             + (f" Link as measured from the bridge to a node: PING round trip {lk['ping_rtt_ms']} ms (median), "
+                f"a 4 MiB GET {lk['get_mib_s']} MiB/s (median of 5)."
+                if (lk := result.get("link_measured")) else ""), "",
              "| config | epoch | epoch s (slowest) | s per server | storage MiB per server | remote MiB per server |",
              "|---|---:|---:|---|---|---|"]
     for side, rows in result["sides"].items():
@@ -612,6 +669,7 @@ def orchestrate(args) -> int:
                                "size": args.size, "node_timeout": args.node_timeout, "step_ms": args.step_ms},
                   "latency_via": "tc netem" if netem else ("a delay relay in front of each redis-server "
                                                            "(this kernel has no sch_netem)" if relay else "none"),
+                  "link_measured": links_measured[-1] if links_measured else None,
                   "budget_bytes": budget, "dataset_bytes": total, "sides": sides}
         result["shape"] = shape(args, sides)
         report.write(args.out, result, markdown(args, result))
@@ -645,7 +703,7 @@ def main() -> None:
     p.add_argument("--relay", metavar="IP", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.relay:
-        asyncio.run(_relay(args.relay, PORT, REDIS_PORT, latency_ms(args.latency) / 1e3))
+        relay_main(args.relay, PORT, REDIS_PORT, latency_ms(args.latency) / 1e3)
         return
     if args.rank is not None:
         rank_main(args)

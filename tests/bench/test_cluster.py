@@ -66,7 +66,10 @@ def _leftovers_gone() -> list[str]:
 
 def test_tiny_cluster_partitioned_reads_no_storage_from_epoch_2_and_cleans_up(root, tmp_path):
     out = str(tmp_path / "cluster")
-    proc = subprocess.run(_argv(root, "--sides", "partitioned,none", "--out", out), cwd=REPO,
+    # 24 items over 3 nodes: rendezvous hashing may give one node half of them, so the budgets
+    # (0.7 of the dataset each) leave room for the largest share, not only for the mean
+    proc = subprocess.run(_argv(root, "--sides", "partitioned,none", "--budget-fraction", "0.7", "--out", out),
+                          cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out + ".json") as f:
