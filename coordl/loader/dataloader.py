@@ -48,7 +48,7 @@ from coordl.batch import collate
 from coordl.buffers import EXTRA_SLOTS
 from coordl.coordinator.client import connect
 from coordl.datasets.base import CoordlDataset, require_fingerprint
-from coordl.errors import ConfigError
+from coordl.errors import ConfigError, CoordlError
 from coordl.loader import elastic, resume
 from coordl.loader.binding import Binding
 from coordl.loader.caching import cache_for
@@ -251,7 +251,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             sampler = PlanSampler(plan.items, plan.seed, plan.shuffle, rank, world, self.drop_last)
             sampler.set_epoch(plan.epoch)
             sampler.rests = plan.rests  # the same dict: an elastic resume's rest of an epoch (elastic.py)
-            batches = BatchSampler(sampler, self.batch_size, self.drop_last) if self._auto_collation else sampler
+            # the plan's loader has no batch_sampler of the user's: it collates iff batch_size is set
+            batches = BatchSampler(sampler, self.batch_size, self.drop_last) if self.batch_size is not None else sampler
             self._rank_cache = ((rank, world), (sampler, batches))
             cached = self._rank_cache[1]
         return cached[0]
@@ -282,10 +283,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
         Set on the dataset's binding, not the iterator, so that a loader a framework re-creates from
         ``loader.dataset`` (Accelerate's `prepare`) reuses buffers too (coordl/buffers.py)."""
-        if not self._coordl_dataset:
+        if not isinstance(self.dataset, CoordlDataset):
             return
+        binding = self.dataset.binding
+        if binding is None:  # __init__ binds every coordl dataset (_bound below)
+            raise CoordlError(f"coordl.DataLoader: its {type(self.dataset).__name__} has no binding: a dataset "
+                              "must reach the loader through coordl.DataLoader(dataset, ...), which binds it")
         pooled = self.reuse_buffers and self.collate_fn is collate and self._auto_collation
-        self.dataset.binding.batch_slots = (self.prefetch_factor or 2) + EXTRA_SLOTS if pooled else 0
+        binding.batch_slots = (self.prefetch_factor or 2) + EXTRA_SLOTS if pooled else 0
 
     @property
     def _bound(self):
@@ -305,7 +310,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         coordinator = getattr(self, "_coordinator", None)
         if coordinator is not None:
             return len(coordinator)
-        return len(self._rank_batches) if self._rank_sampler is not None else super().__len__()
+        batches = self._rank_batches  # None: one rank, or not the plan
+        return len(batches) if batches is not None else super().__len__()
 
     def check_worker_number_rationality(self) -> None:
         """torch's warning about more worker processes than CPUs; backend="dali" starts none
@@ -329,7 +335,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         pos.epoch, pos.received, pos.active = self.epoch, self._epoch_skip, True
         pos.length = len(self) if not isinstance(self.dataset, IterableDataset) else None
         self._set_sampler_epoch(self.epoch)
-        if self._coordl_dataset:
+        if isinstance(self.dataset, CoordlDataset):
             self.dataset.set_epoch(self.epoch)
         if self.backend == "dali":
             from coordl.loader.dali import dali_epoch
@@ -349,7 +355,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _set_sampler_epoch(self, epoch: int) -> None:
         for sampler in (self.sampler, self._rank_sampler):
-            if isinstance(sampler, PlanSampler) or (sampler is not None and sampler is self._made_sampler):
+            if isinstance(sampler, PlanSampler) or (isinstance(sampler, DistributedSampler)
+                                                    and sampler is self._made_sampler):
                 sampler.set_epoch(epoch)
 
     def _replay(self, it, skip: int):
@@ -363,7 +370,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _identity(self) -> dict:
         ds = self.dataset
         return {"dataset": getattr(ds, "fingerprint", None) or type(ds).__name__,
-                "items": None if isinstance(ds, IterableDataset) else len(ds),
+                # torch: Dataset declares no __len__ (a map dataset has one by convention)
+                "items": None if isinstance(ds, IterableDataset) else len(ds),  # pyright: ignore[reportArgumentType]
                 "seed": getattr(ds, "seed", None) if self._coordl_dataset else None,
                 "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "shuffle": self.sampler.shuffle if isinstance(self.sampler, PlanSampler)
@@ -461,16 +469,18 @@ def loader_stats(loader: Any) -> dict[str, int]:
     if isinstance(loader, DataLoader):
         return loader.stats()
     ds = getattr(loader, "dataset", None)
-    if getattr(ds, "coordinator", None) is not None:
-        return ds.coordinator.stats()
+    coordinator = getattr(ds, "coordinator", None)
+    if coordinator is not None:
+        return coordinator.stats()
     counters = getattr(ds, "counters", None)
     if not isinstance(counters, Counters):
         raise ConfigError(f"loader_stats: {type(loader).__name__} does not read a dataset bound by "
                           "coordl.DataLoader: build a coordl.DataLoader over a coordl dataset first, "
                           "then hand that loader to the framework")
     totals = counters.totals()
-    if getattr(ds, "cache", None) is not None:
-        totals.update(ds.cache.stats())
+    cache = getattr(ds, "cache", None)
+    if cache is not None:
+        totals.update(cache.stats())
     return totals
 
 

@@ -11,8 +11,8 @@ two functions, so they agree on every batch without talking to each other.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
-from typing import Protocol
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -109,6 +109,11 @@ class RestOfEpoch(Protocol):
     @property
     def rest(self) -> np.ndarray | None:
         """The positions of the epoch's order still to read (None: all of it)."""
+        ...
+
+    @property
+    def stages(self) -> Sequence[Mapping[str, Any]]:
+        """What earlier jobs read of the epoch (a state's ``consumed``: elastic.py Stage)."""
         ...
 
 
