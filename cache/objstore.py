@@ -36,7 +36,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from coordl.errors import ConfigError, DatasetError, SampleError
 
@@ -250,8 +250,8 @@ class ObjectStore:
             return await getattr(fs, "_" + name)(*args, **kwargs)
         return await rt.loop.run_in_executor(rt.pool, lambda: getattr(fs, name)(*args, **kwargs))
 
-    async def _attempts(self, rt: _Runtime, sem: asyncio.Semaphore, counter: str, name: str, path: str,
-                        **kwargs) -> tuple[Any, BaseException | None, int]:
+    async def _attempts(self, rt: _Runtime, sem: asyncio.Semaphore, counter: Literal["gets", "lists"], name: str,
+                        path: str, **kwargs) -> tuple[Any, BaseException | None, int]:
         """(result, None, attempts) or (None, the last error, attempts): `name` on `path`, retried as
         the policy says. Errors are returned, not raised, so the caller raises its own outside any
         `except` block (no chained exception carrying the backend's text)."""

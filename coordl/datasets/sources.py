@@ -147,7 +147,7 @@ def parse_storage_options(text: str | None, flag: str = "--storage-options") -> 
         return None
     try:
         value = json.loads(text)
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         raise ConfigError(f"{flag} is not JSON ({e.msg} at character {e.pos}): pass an object such as "
                           "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}' (credentials are better left to "
                           "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)") from None
