@@ -320,6 +320,35 @@ class ObjectStore:
         """The bytes of one object (one GET, with retries)."""
         return self.read_many([key])[0]
 
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]], return_errors: bool = False) -> list:
+        """The bytes [offset, offset + length) of object `key` for each (key, offset, length): one ranged
+        GET each (counted in `gets` and `bytes`, not `objects`), concurrently with at most
+        `max_in_flight` at once and `read_many`'s retries. A failure raises (with `return_errors`:
+        fills its slot with) a SampleError naming the object's URL; a range past the object's end
+        comes back short, for the caller to check."""
+        ranges = [(k, int(o), int(n)) for k, o, n in ranges]
+        if not ranges:
+            return []
+        rt = self._rt()
+
+        async def go() -> list:
+            sem = asyncio.Semaphore(self._config.max_in_flight)
+            out = await asyncio.gather(*(self._read_range(rt, sem, k, o, n) for k, o, n in ranges))
+            failed = [r for r in out if isinstance(r, SampleError)]
+            if failed and not return_errors:
+                raise failed[0]
+            return list(out)
+
+        return rt.run(go())
+
+    async def _read_range(self, rt: _Runtime, sem: asyncio.Semaphore, key: str, offset: int, length: int):
+        data, err, attempts = await self._attempts(rt, sem, "gets", "cat_file", f"{self._root}/{key}",
+                                                   start=offset, end=offset + length)
+        if err is not None:
+            return self._sample_error(key, err, attempts)
+        self._counts["bytes"] += len(data)
+        return data
+
     async def _read_one(self, rt: _Runtime, sem: asyncio.Semaphore, key: str):
         data, err, attempts = await self._attempts(rt, sem, "gets", "cat_file", f"{self._root}/{key}")
         if err is not None:
