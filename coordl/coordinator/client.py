@@ -58,6 +58,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from typing import Any
 
 import torch
 
@@ -78,7 +79,7 @@ _DAEMON_KEYS = ("storage_reads", "storage_bytes", "decodes", "samples", "errors_
 _HELLO_TIMEOUT = 30.0
 
 
-class CoordinatedBatch(list):
+class CoordinatedBatch(list[torch.Tensor]):
     """``[images, labels]`` as coordl's collate gives them, plus where they came from."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
@@ -87,7 +88,8 @@ class CoordinatedBatch(list):
         self.images, self.labels = images, labels
         self.indices = indices  # dataset item of each row (int64)
         self.epoch = epoch
-        self.index = index      # global batch number at the daemon (plan.py)
+        # global batch number at the daemon (plan.py); it shadows list.index on purpose (batch.index)
+        self.index = index  # pyright: ignore[reportAttributeAccessIssue]
 
 
 class Client:
@@ -264,7 +266,7 @@ class Client:
         state["coordinator"] = {"start_epoch": int(self.start_epoch)}
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: Any) -> None:
         """Continue from `state` at the next ``iter(loader)``: exactly the batches not received
         yet, re-prepared by the daemon if they have left its ring (module docstring)."""
         epoch, batches, _ = resume.check_state(state, self.identity)
@@ -345,6 +347,7 @@ class EpochIterator:
         self.received += 1
         client.batches += 1
         client.samples += reply.n
+        msgs: list[p.Message]
         if self.pin_memory:
             msgs = [p.Release(reply.index), p.Next()]  # copied out: the slot goes back at once
         else:
@@ -404,13 +407,14 @@ def _check_dataset(dataset, batch_size) -> None:
     if missing:  # a coordl dataset of another kind (the daemon opens an ImageFolder of the same root)
         raise ConfigError(f"coordinator=... needs a coordl.ImageFolder (the daemon prepares its "
                           f"items); {type(dataset).__name__} has no {', '.join(missing)}")
-    if not isinstance(dataset.size, int):  # ImageFolder(size=(h, w)) with h != w
+    size, transform = getattr(dataset, "size", None), getattr(dataset, "transform", None)  # both there
+    if not isinstance(size, int):  # ImageFolder(size=(h, w)) with h != w
         raise ConfigError(f"coordinator=... serves square batches (coordl serve --size N): this "
-                          f"dataset has size={dataset.size!r}; pass ImageFolder(size=<one int>), or "
+                          f"dataset has size={size!r}; pass ImageFolder(size=<one int>), or "
                           "drop coordinator= for size=(height, width)")
-    if dataset.transform not in names.TRANSFORMS:
+    if transform not in names.TRANSFORMS:
         raise ConfigError(f"coordinator=... needs transform='train' or 'val' (the daemon runs "
-                          f"them); the dataset has transform={dataset.transform!r}")
+                          f"them); the dataset has transform={transform!r}")
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ConfigError(f"coordinator=... needs an integer batch_size (the daemon's "
                           f"--batch-size), got batch_size={batch_size!r}")

@@ -56,6 +56,8 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
 
 from coordl.cache import shm
 from coordl.errors import CoordinatorError
@@ -68,6 +70,9 @@ from .plan import Plan
 from .ring import Layout, Ring, SlotTable
 from .scheduler import Scheduler
 from .workers import TaskCounters, WorkerPool
+
+# what signal.signal returns and takes back (typeshed's signal._HANDLER)
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 log = logging.getLogger("coordl.serve")
 _MAX_CONNECTIONS = 512  # open connections (jobs, status requests, not yet attached)
@@ -128,7 +133,7 @@ class Daemon:
         """Serve until SIGTERM/SIGINT or, with --epochs, until done. Returns when it stopped as
         told; raises, after the same cleanup, when serving failed. `ready` is called once it
         listens; `private_fds` are descriptors the prep workers must not inherit."""
-        old_handlers: dict[int, object] = {}
+        old_handlers: dict[int, _Handler] = {}
         wake_r, wake_w = socket.socketpair()
         try:
             wake_r.setblocking(False)
@@ -267,15 +272,23 @@ class Daemon:
         if self.scheduler.finished():
             self.stop(f"every job has had its {self.plan.epochs} epochs and left")
 
+    def _running(self) -> tuple[Ring, WorkerPool]:
+        """The ring and the prep workers, which _start makes before the loop serves anything."""
+        if self.ring is None or self.pool is None:
+            raise CoordinatorError("the coordinator daemon is not running (no ring or prep workers yet): "
+                                   "Daemon.run() starts them before it serves")
+        return self.ring, self.pool
+
     def _produce(self) -> None:
         now = time.monotonic()
+        pool = self._running()[1]
         while (claim := self.scheduler.to_prepare(now)) is not None:
-            self.pool.submit(*claim)
+            pool.submit(*claim)
 
     # -- workers --
     def _sync_workers(self) -> None:
         registered = {k.fd for k in self.sel.get_map().values() if k.data == self._on_worker}
-        for fd, worker in self.pool.workers.items():
+        for fd, worker in self._running()[1].workers.items():
             if fd not in registered:
                 self.sel.register(worker.sock, selectors.EVENT_READ, self._on_worker)
 
@@ -284,16 +297,18 @@ class Daemon:
             self.stop(f"received {signal.Signals(self._signal).name}")  # death to repair
             return
         try:
-            finished = self.pool.on_readable(sock.fileno())
+            finished = self._running()[1].on_readable(sock.fileno())
         except p.ProtocolError as e:  # our own child sent garbage: a bug, but do not hang
             raise CoordinatorError(f"prep worker sent a bad message: {e}") from None
         self._sync_workers()  # a worker that died was replaced
-        for slot, rows, error in finished:
-            if error is None:
+        for slot, outcome in finished:
+            if not isinstance(outcome, p.Failure):  # the rows kept
+                rows = outcome
                 self.produced_batches += 1
                 self.produced_images += rows
                 self._deliver(self.scheduler.published(slot, rows))
             else:
+                error = outcome
                 log.error("batch %d failed: %s%s", self.slots.index[slot], p.printable(error.error),
                           f"\n{error.traceback}" if error.kind == "internal" else "")
                 self._deliver(self.scheduler.failed(slot, error))
@@ -438,7 +453,7 @@ class Daemon:
         conn.job, conn.deadline = job.id, None
         log.info("job %d (pid %d) attached; it starts at epoch %d", job.id, conn.peer_pid,
                  job.start_epoch)
-        self._send(conn, p.Welcome(job.id, os.getpid(), self.ring.path, self.layout.slots,
+        self._send(conn, p.Welcome(job.id, os.getpid(), self._running()[0].path, self.layout.slots,
                                    self.plan.batch_size, self.layout.size,
                                    self.plan.batches_per_epoch, self.plan.epochs, self.plan.seed,
                                    job.start_epoch))

@@ -37,7 +37,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, TypeGuard
+from typing import Any, ClassVar, Generic, TypeGuard, TypeVar
 
 import msgpack
 
@@ -97,7 +97,10 @@ def _printable(value: Any) -> Any:
     return value
 
 
-def _registry(*classes: type[Message]) -> dict[str, type[Message]]:
+M = TypeVar("M", bound=Message)  # the messages one receiver accepts (a registry's union)
+
+
+def _registry(*classes: type[M]) -> dict[str, type[M]]:
     return {c.TYPE: c for c in classes}
 
 
@@ -369,7 +372,7 @@ def _fits(value: object, tp: Any) -> bool:
     return isinstance(value, tp)
 
 
-def decode(body: bytes, accepted: dict[str, type[Message]]) -> Message:
+def decode(body: bytes, accepted: dict[str, type[M]]) -> M:
     """One frame's body -> the message, validated against `accepted`."""
     try:
         data = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
@@ -398,16 +401,16 @@ def _schema(cls: type[Message]) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in fields(cls)}
 
 
-class FrameReader:
+class FrameReader(Generic[M]):
     """Splits a byte stream into messages; refuses frames longer than `limit` bytes."""
 
-    def __init__(self, accepted: dict[str, type[Message]], limit: int) -> None:
+    def __init__(self, accepted: dict[str, type[M]], limit: int) -> None:
         self.accepted, self.limit = accepted, limit
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[Message]:
+    def feed(self, data: bytes) -> list[M]:
         self._buf += data
-        out: list[Message] = []
+        out: list[M] = []
         while len(self._buf) >= HEADER.size:
             (length,) = HEADER.unpack_from(self._buf)
             if length > self.limit:

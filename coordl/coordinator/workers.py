@@ -59,6 +59,8 @@ from .ring import Ring
 log = logging.getLogger("coordl.serve")
 _MAX_IN_FLIGHT = 2
 _PR_SET_PDEATHSIG = 1
+# A finished batch, as the pool hands it to the daemon: (slot, rows kept) or (slot, why it failed).
+Finished = tuple[int, int | p.Failure]
 
 
 class TaskCounters:
@@ -214,7 +216,7 @@ class WorkerPool:
 
     def __init__(self, dataset, plan: Plan, ring: Ring, workers: int,
                  inherited_fds: Callable[[], list[int]],
-                 forget: Callable[[socket.socket], None] = lambda sock: None,
+                 forget: Callable[[socket.socket], object] = lambda sock: None,
                  backend: str = "cpu", dali_device: str = "cpu") -> None:
         self.dataset, self.plan, self.ring, self.size = dataset, plan, ring, workers
         self.backend, self.dali_device = backend, dali_device  # config.py checked them
@@ -276,8 +278,8 @@ class WorkerPool:
             except OSError:
                 pass  # it died; on_readable sees EOF and fails its tasks
 
-    def on_readable(self, fd: int) -> list[tuple[int, int | None, p.Failure | None]]:
-        """Read one worker's results: [(slot, rows, None) | (slot, None, error)] of finished batches."""
+    def on_readable(self, fd: int) -> list[Finished]:
+        """Read one worker's results: [(slot, rows kept) | (slot, its Failure)] of finished batches."""
         worker = self.workers[fd]
         try:
             data = worker.sock.recv(65536)
@@ -285,7 +287,7 @@ class WorkerPool:
             data = b""
         if not data:
             return self._died(worker)
-        done = []
+        done: list[Finished] = []
         for msg in worker.reader.feed(data):
             worker.tasks = [t for t in worker.tasks if (t.slot, t.lo) != (msg.slot, msg.lo)]
             if isinstance(msg, p.PrepDone):
@@ -298,7 +300,7 @@ class WorkerPool:
         self.dispatch()
         return done
 
-    def _chunk_done(self, slot: int, lo: int, kept: int, error: p.Failure | None):
+    def _chunk_done(self, slot: int, lo: int, kept: int, error: p.Failure | None) -> Finished | None:
         batch = self.batches[slot]
         self.retried.discard((slot, batch.index, lo))
         batch.kept[lo] = kept
@@ -309,8 +311,8 @@ class WorkerPool:
             return None
         del self.batches[slot]
         if batch.error is not None:
-            return slot, None, batch.error
-        return slot, self._compact(slot, batch), None
+            return slot, batch.error
+        return slot, self._compact(slot, batch)
 
     def _compact(self, slot: int, batch: _Batch) -> int:
         """Close the gaps that skipped samples left between chunks; the valid row count."""
@@ -323,14 +325,14 @@ class WorkerPool:
             row += kept
         return row
 
-    def _died(self, worker: _Worker) -> list[tuple[int, int | None, p.Failure | None]]:
+    def _died(self, worker: _Worker) -> list[Finished]:
         del self.workers[worker.sock.fileno()]
         self.forget(worker.sock)  # before close: its successor's socket may get the same number
         worker.sock.close()
         status = _reap(worker.pid, wait=1.0)
         self.deaths += 1
         log.error("prep worker %d died (%s); starting a new one", worker.pid, status)
-        done = []
+        done: list[Finished] = []
         for task in reversed(worker.tasks):  # each chunk gets one more try, on another worker
             key = (task.slot, task.index, task.lo)
             if key not in self.retried:
