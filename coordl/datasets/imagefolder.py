@@ -72,7 +72,7 @@ def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futur
 def _check_size(size: Any) -> int | tuple[int, int]:
     """`size` as ImageFolder keeps it: a positive int, or (height, width) of two when they differ."""
     def positive(v: Any) -> bool:  # a bool is not a size
-        return (type(v) is int or isinstance(v, np.integer)) and v > 0
+        return bool((type(v) is int or isinstance(v, np.integer)) and v > 0)
 
     if positive(size):
         return int(size)
@@ -148,25 +148,30 @@ class ImageFolder(CoordlDataset):
     # -- torchvision attributes (built on demand: no per-item objects are kept) --
     @property
     def samples(self) -> list[tuple[str, int]]:
+        """(path, class index) of every item, as torchvision's ``ImageFolder.samples``."""
         m = self.manifest
         return [(m.path(i), int(m.labels[i])) for i in range(len(m))]
 
     @property
     def imgs(self) -> list[tuple[str, int]]:
+        """The same as `samples` (torchvision's older name)."""
         return self.samples
 
     @property
     def targets(self) -> list[int]:
+        """The class index of every item, in item order (as torchvision's ``targets``)."""
         return self.manifest.labels.tolist()
 
     @property
     def fingerprint(self) -> str:
+        """The manifest's fingerprint: changes whenever any item's bytes change (cache keys carry it)."""
         return self.manifest.fingerprint
 
     def __len__(self) -> int:
         return len(self.manifest)
 
     def set_epoch(self, epoch: int) -> None:
+        """The epoch whose augmentation `__getitem__` draws (coordl.DataLoader sets it each epoch)."""
         self.epoch = int(epoch)
 
     # -- the two halves (fetch: the base class's cache -> _read -> counters -> cache put) --
@@ -207,7 +212,10 @@ class ImageFolder(CoordlDataset):
             img = cpu.decode(raw)
         except SampleError as e:
             raise self._sample_error(i, e) from None
-        return (img if self.transform is None else self.transform(img)), self._target(i)
+        transform = self.transform
+        if transform is not None and not callable(transform):  # __init__ refused it; set since
+            raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
+        return (img if transform is None else transform(img)), self._target(i)
 
     def prep_into(self, raw, i: int, epoch: int, out: np.ndarray | None) -> np.ndarray:
         """The "train"/"val" pixels of item i as uint8 (h, w, 3), written into `out` if given."""
@@ -312,7 +320,7 @@ class ImageFolder(CoordlDataset):
             storage_, pooled, fresh = new_shared(nbytes), False, True
         if fresh:
             self.counters.add(batch_buffers=1)
-        images = torch.empty(0, dtype=torch.uint8).set_(storage_, 0, (n, h, w, 3))
+        images = torch.empty(0, dtype=torch.uint8).set_(storage_, 0, (n, h, w, 3), (h * w * 3, w * 3, 3, 1))
         return images, pooled
 
     def _try(self, work: Callable[[], Any]) -> Any:

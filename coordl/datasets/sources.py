@@ -20,7 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from coordl.cache import storage
 from coordl.cache.objstore import ObjectStore
@@ -113,7 +113,7 @@ def cache_hits(cache: Any, items: Iterable[int], counters: Any) -> dict[int, Any
     return hits
 
 
-def is_url(root: object) -> bool:
+def is_url(root: object) -> TypeGuard[str]:
     """Is `root` an fsspec URL (``scheme://...``, file:// aside) rather than a local path?"""
     from coordl.manifest import objects
 

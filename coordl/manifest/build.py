@@ -67,7 +67,7 @@ class Manifest:
 
 
 def scan(
-    root: str,
+    root: str | os.PathLike[str],
     extensions: Sequence[str] | None = IMG_EXTENSIONS,
     is_valid_file: Callable[[str], bool] | None = None,
     allow_empty: bool = False,
