@@ -16,10 +16,15 @@ so a subclass gets it without writing it:
   -> on a miss `read` -> counted (``storage_reads``, ``storage_bytes``) -> offered to
   the cache (``cache_inserts``). `fetch` is what every caller of a coordl dataset
   may call; `read` is what a subclass writes.
+- ``fetch_many(items)``, a batch's fetch: the cache lookups for all its items, then ONE
+  `read_many` call with the misses, then the counters and cache puts. `read_many` is
+  optional: override it to read a batch's misses together (concurrently from object
+  storage, one request for neighbours in a file); the default calls `read` for each.
 - ``ds[i]`` and ``__getitems__`` (torch's batch call): fetch -> prep, ``decodes`` and
-  ``samples`` counted; a `SampleError` raised by `read` or `prep` raises (naming the
-  item), or with ``on_error = "skip"`` drops the sample from its batch and counts it in
-  ``errors_skipped``. Any other exception is a bug and propagates.
+  ``samples`` counted; a `SampleError` (or an OSError) from `read`/`read_many`, or a
+  `SampleError` from `prep`, raises (naming the item), or with ``on_error = "skip"``
+  drops the sample from its batch and counts it in ``errors_skipped``. Any other
+  exception is a bug and propagates.
 - ``rng(i, epoch)`` / ``np_rng(i, epoch)``: the one source of randomness for `prep`,
   a pure function of (seed, epoch, item), so batches are the same whatever
   ``num_workers`` is, after a resume, on every rank and at the coordinator daemon.
@@ -27,7 +32,9 @@ so a subclass gets it without writing it:
 
 Class attributes a subclass may set (or pass to ``super().__init__``): ``seed`` (0)
 and ``on_error`` ("raise"). ImageFolder, WebDataset and AudioFolder are subclasses
-that override `fetch`'s batch paths for speed; a user's subclass need not.
+with batch paths of their own (ImageFolder starts a batch's reads on threads and decodes
+while they are in flight; WebDataset coalesces neighbouring tar members into one pread);
+a user's subclass overrides at most `read_many`.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from __future__ import annotations
 import copy
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,6 +125,21 @@ class CoordlDataset(torch.utils.data.Dataset):
         raise NotImplementedError(f"{type(self).__name__}.read(i) -> bytes: write it (the item's bytes "
                                   "from storage; coordl.CoordlDataset's contract)")
 
+    def read_many(self, items: list[int]) -> dict[int, bytes | Exception]:
+        """Optional: the encoded bytes of several items (a batch's cache misses, distinct), read
+        together: ``{item: bytes}``, or for an item that cannot be read the exception reading it
+        raised (a `SampleError` or an OSError: that item alone is raised naming it, or skipped).
+        Override it to read a batch's misses together, e.g. concurrently from object storage;
+        called once per batch with the misses only. Uncounted and uncached, as `read`. The
+        default calls `read` for each item."""
+        out: dict[int, bytes | Exception] = {}
+        for i in items:
+            try:
+                out[i] = self.read(i)
+            except (SampleError, OSError) as e:
+                out[i] = e
+        return out
+
     def prep(self, raw, i: int, epoch: int | None = None):
         """Decode and augment item i's bytes `raw` into a sample torch collates. Draw randomness
         from ``self.rng(i, epoch)``; raise `SampleError` for bytes that cannot be decoded."""
@@ -136,6 +158,7 @@ class CoordlDataset(torch.utils.data.Dataset):
         return np.random.default_rng([int(self.seed) & mask, int(epoch) & mask, int(i) & mask])
 
     def set_epoch(self, epoch: int) -> None:
+        """The epoch `ds[i]` uses (the loader tags each batch with its own)."""
         self.epoch = int(epoch)
 
     # -- what the loader attaches --
@@ -203,19 +226,87 @@ class CoordlDataset(torch.utils.data.Dataset):
         """Item i from storage through `read`, counted and offered to the cache."""
         try:
             raw = self.read(i)
-        except OSError as e:
-            raise at_item(SampleError(f"{type(self).__name__} item {i}: cannot read it ({e}): check the "
-                                      "storage, or pass on_error='skip'"), i) from e
-        except SampleError as e:
-            raise at_item(e, i) from e.__cause__
-        if not isinstance(raw, (bytes, bytearray, memoryview)):
-            raise ConfigError(f"{type(self).__name__}.read({i}) returned {type(raw).__name__}: it must "
-                              "return the item's encoded bytes (decode in prep)")
-        self.counters.add(storage_reads=1, storage_bytes=len(raw))
-        cache = self.cache
-        if cache is not None and cache.put(i, raw):
-            self.counters.add(cache_inserts=1)
+        except (SampleError, OSError) as e:
+            raise self._read_error(i, e) from e.__cause__ if isinstance(e, SampleError) else e
+        self._stored({i: self._checked(raw, "read", i)})
         return raw
+
+    def fetch_many(self, items: Sequence[int]) -> tuple[dict[int, Any], dict[int, SampleError]]:
+        """(bytes per item, SampleError per item) of a batch's distinct `items`: the cache lookups
+        for all of them, then one `read_many` call for the misses (none when every item hit), then
+        ``storage_reads`` (items read) and ``storage_bytes`` counted and the bytes offered to the
+        cache. An item `read_many` could not read is in the second dict, as a SampleError naming it."""
+        items = list(dict.fromkeys(int(i) for i in items))
+        if type(self).read is CoordlDataset.read and type(self).fetch is not CoordlDataset.fetch:
+            return self._fetch_each(items)  # a subclass that wrote its own fetch instead of read
+        cache, hits = self.cache, {}
+        if cache is not None and hasattr(cache, "get_many"):  # partitioned: counts its own hits
+            hits = dict(cache.get_many(items, self.counters))
+        elif cache is not None:
+            for i in items:
+                raw = cache.get(i)
+                if raw is not None:
+                    hits[i] = raw
+            self.counters.add(cache_hits=len(hits), cache_misses=len(items) - len(hits))
+        misses = [i for i in items if i not in hits]
+        if not misses:
+            return hits, {}
+        got = self.read_many(list(misses))
+        if not isinstance(got, dict) or any(i not in got for i in misses):
+            lost = misses if not isinstance(got, dict) else [i for i in misses if i not in got]
+            raise ConfigError(f"{type(self).__name__}.read_many({misses[:8]}{'...' if len(misses) > 8 else ''}) "
+                              f"returned {type(got).__name__ if not isinstance(got, dict) else 'a dict'} without "
+                              f"items {lost[:8]}: it must return {{item: bytes or the exception reading it}} for "
+                              "every item asked for")
+        errors: dict[int, SampleError] = {}
+        read: dict[int, Any] = {}
+        for i in misses:
+            value = got[i]
+            if isinstance(value, (SampleError, OSError)):
+                errors[i] = self._read_error(i, value)
+            elif isinstance(value, BaseException):  # not the item's fault: a bug, as from read
+                raise at_item(value, i)
+            else:
+                read[i] = self._checked(value, "read_many", i)
+        self._stored(read)
+        hits.update(read)
+        return hits, errors
+
+    def _fetch_each(self, items: list[int]) -> tuple[dict[int, Any], dict[int, SampleError]]:
+        raws: dict[int, Any] = {}
+        errors: dict[int, SampleError] = {}
+        for i in items:
+            try:
+                raws[i] = self.fetch(i)
+            except SampleError as e:
+                errors[i] = at_item(e, i)
+        return raws, errors
+
+    def _read_error(self, i: int, e: SampleError | OSError) -> SampleError:
+        """What reading item i raised (or read_many returned for it), as the SampleError naming it."""
+        if isinstance(e, SampleError):
+            return at_item(e, i)
+        err = SampleError(f"{type(self).__name__} item {i}: cannot read it ({e}): check the storage, or pass "
+                          "on_error='skip'")
+        err.__cause__ = e
+        return at_item(err, i)
+
+    def _checked(self, raw: Any, method: str, i: int) -> Any:
+        if not isinstance(raw, (bytes, bytearray, memoryview)):
+            raise ConfigError(f"{type(self).__name__}.{method} gave {type(raw).__name__} for item {i}: it must "
+                              "give the item's encoded bytes (decode in prep)")
+        return raw
+
+    def _stored(self, read: dict[int, Any]) -> None:
+        """Items just read from storage: counted, and offered to the cache."""
+        if not read:
+            return
+        self.counters.add(storage_reads=len(read), storage_bytes=sum(len(raw) for raw in read.values()))
+        cache = self.cache
+        if cache is not None:
+            inserted = sum(1 for i, raw in read.items() if cache.put(i, raw))
+            if inserted:
+                self.counters.add(cache_inserts=inserted)
 
     def _prep(self, raw, i: int, epoch: int) -> Any:
         """`prep`, counted as one decode; its SampleError notes the item."""
@@ -232,25 +323,30 @@ class CoordlDataset(torch.utils.data.Dataset):
         return sample
 
     def __getitems__(self, indices: Sequence[int]) -> list:
-        """One batch: a list of samples (torch's collate stacks them). The batch's cache hits are
-        asked for together from a partitioned cache; a skipped item is left out."""
+        """One batch: a list of samples (torch's collate stacks them). Its bytes come from
+        `fetch_many` (the cache lookups, then one `read_many` call for the misses); a skipped
+        item is left out."""
         if self.coordinator is not None:  # a loader a framework re-created from loader.dataset
             return self.coordinator.framework_batch(indices)  # (coordinator/client.py)
         epoch = epoch_of(indices, self.epoch)
-        items = [int(i) for i in indices]
-        cache = self.cache
-        hits = cache.get_many(items, self.counters) if hasattr(cache, "get_many") else None
-        out = []
-        for i in items:
-            try:
-                raw = None if hits is None else hits.get(i)
-                if raw is None:
-                    raw = self.fetch(i) if hits is None else self._read(i)
-                out.append(self._prep(raw, i, epoch))
-            except SampleError as e:
-                skip_or_raise(self.on_error, self.counters, e)
+        out = [sample for _i, sample in self._prep_batch(indices, epoch)]
         self.counters.add(samples=len(out))
         return out
+
+    def _prep_batch(self, indices: Sequence[int], epoch: int) -> Iterator[tuple[int, Any]]:
+        """(item, sample) of each item of a batch whose bytes could be read and prepped, in order:
+        the batch's bytes fetched together (`fetch_many`), a SampleError raised or counted and skipped."""
+        items = [int(i) for i in indices]
+        raws, errors = self.fetch_many(items)
+        for i in items:
+            try:
+                if i in errors:
+                    raise errors[i]
+                sample = self._prep(raws[i], i, epoch)
+            except SampleError as e:
+                skip_or_raise(self.on_error, self.counters, e)
+                continue
+            yield i, sample
 
     # -- the coordinator daemon (coordl serve --dataset pkg.mod:Class) --
     def served_as(self) -> tuple[str, Any, Any]:
@@ -265,12 +361,7 @@ class CoordlDataset(torch.utils.data.Dataset):
         how many rows were kept. The daemon's ring holds images and int labels, so `prep` must
         return (image, label) with a uint8 image of (3, h, w) or (h, w, 3); anything else is refused."""
         row = 0
-        for i in (int(i) for i in indices):
-            try:
-                sample = self._prep(self.fetch(i), i, epoch)
-            except SampleError as e:
-                skip_or_raise(self.on_error, self.counters, e)
-                continue
+        for i, sample in self._prep_batch(indices, epoch):
             images[row], labels[row] = _ring_row(self, i, sample, images.shape[1:])
             if ids is not None:
                 ids[row] = i

@@ -376,3 +376,133 @@ def test_serve_config_takes_one_of_data_and_dataset(tmp_path):
     with pytest.raises(coordl.ConfigError, match="--dataset-args must be a JSON object, and goes with --dataset"):
         ServeConfig(data="/x", dataset_args={"a": 1}, batch_size=4, socket=sock)
     assert ServeConfig(data="", dataset="m:C", dataset_args={"a": 1}, batch_size=4, socket=sock).dataset == "m:C"
+
+
+# -- read_many: a batch's misses read together (one call per batch, the misses only) --
+
+def _batched(example, log: str):
+    """A TarImages whose read_many reads a batch's misses together (one open file, preads in offset
+    order) and appends the items of each call to `log` (one JSON line per call, from any process)."""
+
+    class Batched(example.TarImages):
+        def read(self, i):
+            raise AssertionError("read_many reads every miss: read(i) is not called for a batch")
+
+        def read_many(self, items):
+            with open(log, "a") as f:
+                f.write(json.dumps(items) + "\n")
+            out = {}
+            with open(self.path, "rb") as f:
+                for i in sorted(items, key=lambda i: self.items[i][1]):
+                    _name, offset, size = self.items[i]
+                    out[i] = os.pread(f.fileno(), size, offset)
+            return out
+
+    return Batched
+
+
+def _calls(log: str) -> list[list[int]]:
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        calls = [json.loads(line) for line in f]
+    os.unlink(log)
+    return calls
+
+
+def _chunks(order: list[int], size: int) -> list[set[int]]:
+    return [set(order[k:k + size]) for k in range(0, len(order), size)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_read_many_gets_one_call_per_batch_with_its_items_and_counts_exact(example, tmp_path, workers):
+    log = str(tmp_path / "calls")
+    ds = _batched(example, log)(example.tar)
+    loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers)
+    for epoch in range(2):
+        got = _epoch(loader)
+        calls = _calls(log)
+        assert sorted(map(sorted, calls)) == sorted(map(sorted, _chunks(loader.epoch_indices(epoch), 8)))
+        assert all(len(c) == len(set(c)) == 8 for c in calls)  # each batch's items once, in one call
+        assert got["storage_reads"] == N and got["storage_bytes"] == _item_bytes(ds)
+        assert got["decodes"] == N and got["samples"] == N and got["errors_skipped"] == 0
+
+
+def test_read_many_with_a_half_size_minio_cache_gets_only_the_uncached_items(example, tmp_path, dropped):
+    log = str(tmp_path / "calls")
+    ds = _batched(example, log)(example.tar)
+    total = _item_bytes(ds)
+    loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, cache=total // 2)
+    dropped.append(loader.dataset)
+    first = _epoch(loader)
+    assert len(_calls(log)) == N // 8 and first["storage_reads"] == N
+    cache = loader.dataset.cache
+    cached = {i for i in range(N) if cache.get(i) is not None}
+    assert 0 < len(cached) < N and loader.stats()["cache_items"] == len(cached)
+    for epoch in (1, 2):
+        got = _epoch(loader)
+        calls = [set(c) for c in _calls(log)]
+        batches = [b - cached for b in _chunks(loader.epoch_indices(epoch), 8)]
+        assert sorted(map(sorted, calls)) == sorted(sorted(b) for b in batches if b)  # one call per batch with
+        assert got["cache_hits"] == len(cached) and got["cache_misses"] == N - len(cached)  # misses, only them
+        assert got["storage_reads"] == N - len(cached) and got["samples"] == N
+        assert got["storage_bytes"] == sum(ds.items[i][2] for i in range(N) if i not in cached)
+
+
+def _failing(example, path: str):
+    """read_many giving item 3 a SampleError and item 11 an OSError as their values; item 16 is garbage."""
+
+    class Failing(example.TarImages):
+        def read_many(self, items):
+            out = {i: super(Failing, self).read(i) for i in items if i not in (3, 11)}
+            if 3 in items:
+                out[3] = coordl.SampleError(f"{self.path}: item 3 is gone")
+            if 11 in items:
+                out[11] = OSError(5, "Input/output error")
+            return out
+
+    return Failing
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_read_many_exception_values_are_skipped_and_counted(example, tmp_path, workers):
+    _, path = _broken(example, tmp_path)
+    loader = coordl.DataLoader(_failing(example, path)(path, on_error="skip"), batch_size=4, num_workers=workers)
+    batches = list(loader)
+    assert [len(b[1]) if b else 0 for b in batches] == [3, 4, 3, 4, 0]
+    got = loader.stats()
+    assert got["errors_skipped"] == 3 and got["samples"] == 17 - 3
+    assert got["storage_reads"] == 17 - 2 and got["decodes"] == 17 - 2  # items 3 and 11 not read
+
+
+def test_read_many_exception_values_raise_naming_the_item(example, tmp_path):
+    _, path = _broken(example, tmp_path)
+    ds = _failing(example, path)(path)
+    with pytest.raises(coordl.SampleError, match="item 3 is gone"):
+        list(coordl.DataLoader(ds, batch_size=4))
+    with pytest.raises(coordl.SampleError, match=r"Failing item 11: cannot read it .*Input/output error") as info:
+        list(coordl.DataLoader(ds, batch_size=4, sampler=[8, 9, 10, 11]))
+    assert isinstance(info.value.__cause__, OSError)
+    del info
+
+
+def test_read_many_that_forgets_an_item_or_gives_no_bytes_is_a_config_error(example):
+    class Forgets(example.TarImages):
+        def read_many(self, items):
+            return {i: super(Forgets, self).read(i) for i in items[1:]}
+
+    class Text(example.TarImages):
+        def read_many(self, items):
+            return {i: "text" for i in items}
+
+    with pytest.raises(coordl.ConfigError, match=r"Forgets.read_many\(\[0, 1\]\) returned a dict without items "
+                                                 r"\[0\]: it must return \{item: bytes"):
+        list(coordl.DataLoader(Forgets(example.tar), batch_size=2, sampler=[0, 1]))
+    with pytest.raises(coordl.ConfigError, match="Text.read_many gave str for item 0: it must give the item's "
+                                                 "encoded bytes"):
+        list(coordl.DataLoader(Text(example.tar), batch_size=2, sampler=[0, 1]))
+
+
+def test_the_default_read_many_calls_read_for_each_item(example):
+    ds = example.TarImages(example.tar)
+    assert ds.read_many([4, 2]) == {4: ds.read(4), 2: ds.read(2)}
