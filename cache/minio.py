@@ -135,10 +135,12 @@ class MinIOCache:
     # -- opening --
     @property
     def name(self) -> str | None:
+        """The segment's file name in `directory` (None until `open` gives the fingerprint)."""
         return None if self.fingerprint is None else shm.segment_name(self.fingerprint, self._name)
 
     @property
     def path(self) -> str | None:
+        """The segment's path, `directory`/`name` (None until `open`)."""
         return None if self.name is None else os.path.join(self.directory, self.name)
 
     @property
@@ -158,6 +160,7 @@ class MinIOCache:
 
     @property
     def is_open(self) -> bool:
+        """Whether `open` attached this process to the segment."""
         return self._seg is not None
 
     def open(self, fingerprint: str, n_items: int, label: str = "",

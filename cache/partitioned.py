@@ -285,6 +285,7 @@ class PartitionedCache:
     # -- opening --
     @property
     def is_open(self) -> bool:
+        """Whether `open` gave the cache its dataset."""
         return self.fingerprint is not None
 
     def open(self, fingerprint: str, n_items: int, label: str = "") -> PartitionedCache:
@@ -304,6 +305,7 @@ class PartitionedCache:
 
     @property
     def meta_key(self) -> str:
+        """The Redis key of the dataset's record on each node (beside its items' keys)."""
         return f"{self._prefix[:-1]}{redisnode.META_SUFFIX}"
 
     def owner(self, i: int) -> int:

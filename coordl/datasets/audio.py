@@ -112,16 +112,19 @@ class AudioFolder(CoordlDataset):
 
     @property
     def fingerprint(self) -> str:
+        """The manifest's fingerprint: changes whenever any item's bytes change (cache keys carry it)."""
         return self.manifest.fingerprint
 
     @property
     def targets(self) -> list[int]:
+        """The class index of every item, in item order (as torchvision's ``targets``)."""
         return self.manifest.labels.tolist()
 
     def __len__(self) -> int:
         return len(self.manifest)
 
     def set_epoch(self, epoch: int) -> None:
+        """The epoch whose augmentation `__getitem__` draws (coordl.DataLoader sets it each epoch)."""
         self.epoch = int(epoch)
 
     # -- the two halves --

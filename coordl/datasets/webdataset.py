@@ -153,14 +153,17 @@ class WebDataset(ImageFolder):
 
     @property
     def samples(self) -> list[tuple[str, int]]:
+        """("<shard>: sample <key>", class index) of every sample, as ImageFolder's ``samples``."""
         return [(self.index.where(i), int(self.index.label[i])) for i in range(len(self))]
 
     @property
     def targets(self) -> list[int]:
+        """The class index of every sample, in item order."""
         return self.index.label.tolist()
 
     @property
     def fingerprint(self) -> str:
+        """The shards' index fingerprint: changes whenever any shard changes (cache keys carry it)."""
         return self.index.fingerprint
 
     def __len__(self) -> int:

@@ -1,7 +1,7 @@
 """Glue between `coordl.DataLoader` and the MinIO cache (`coordl.cache.minio`): `cache_for`.
 
-    coordl.DataLoader(ds, cache="8GiB")                 # node-wide, found by ds.fingerprint
-    coordl.DataLoader(ds, cache=coordl.MinIOCache("8GiB", directory="/dev/shm"))
+coordl.DataLoader(ds, cache="8GiB")                 # node-wide, found by ds.fingerprint
+coordl.DataLoader(ds, cache=coordl.MinIOCache("8GiB", directory="/dev/shm"))
 """
 
 from __future__ import annotations

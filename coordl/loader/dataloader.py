@@ -314,7 +314,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return len(batches) if batches is not None else super().__len__()
 
     def check_worker_number_rationality(self) -> None:
-        """torch's warning about more worker processes than CPUs; backend="dali" starts none
+        """Torch's warning about more worker processes than CPUs; backend="dali" starts none
         (its num_workers are DALI threads in this process: dali_loader.dali_threads)."""
         if self.backend != "dali":
             super().check_worker_number_rationality()
