@@ -20,6 +20,12 @@ With `--loaders`, whole loaders on the same files instead (train transform, `--w
   its object with s3fs, decodes with PIL and crops/flips (what a user writes; no torchvision here,
   so RandomResizedCrop's sampling is written out);
 - `coordl s3 + MinIO f=0.5`: GETs per epoch (counted at the proxy) with a cache of half the bytes.
+
+With `--listing N`, the listing of N tiny objects instead (`--classes` default: N / 1281, ImageNet's
+images per class, so each class prefix takes the same two LIST pages of 1000 keys as ImageNet's):
+`ObjectStore.list_tree` through the proxy with `--in-flight` listing calls at once vs one at a time,
+LIST requests counted at the proxy, and the seconds for 1,281,000 objects in 1000 classes from a
+model fed with the measured time of a page (`_model`).
 """
 
 from __future__ import annotations
@@ -173,10 +179,83 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
     return {"results": results, "ratios": ratios}
 
 
+def _fill(server, n: int, classes: int, threads: int = 16) -> list[str]:
+    """Put n objects of 3 bytes under bench/train/<class>/ (round robin over the classes), from
+    `threads` threads straight to the server (not through the proxy)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = server.client()
+    client.create_bucket(Bucket="bench")
+    keys = [f"class_{i % classes:04d}/img_{i:08d}.jpg" for i in range(n)]
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda k: client.put_object(Bucket="bench", Key=f"train/{k}", Body=b"jpg"), keys))
+    return keys
+
+
+def _model(lists_per_class: int, latency: float, page_s: float, in_flight: int, cpus: int,
+           classes: int = 1000) -> dict:
+    """Seconds to list `classes` prefixes of `lists_per_class` LIST pages each (+ 1 listing of the
+    classes), each page costing `latency` + `page_s` (the store's own time for a page, measured
+    without latency). A prefix's pages form a chain (each needs the previous continuation token);
+    prefixes run `in_flight` at once.
+    - one_at_a_time: every page in turn;
+    - parallel: ceil(classes / in_flight) rounds of one chain, on a store that serves in_flight
+      pages at once as fast as one (S3);
+    - parallel_here: at least the store's CPU time, all pages over `cpus` cores (the emulator
+      shares this machine's cores: what this machine can show)."""
+    page = latency + page_s
+    lists = classes * lists_per_class + 1
+    parallel = (-(-classes // in_flight) * lists_per_class + 1) * page
+    return {"lists": lists, "one_at_a_time": lists * page, "parallel": parallel,
+            "parallel_here": max(parallel, lists * page_s / cpus)}
+
+
+def listing(args, server, proxy) -> dict:
+    import math
+
+    classes = args.classes if args.classes_given else max(1, round(args.listing / 1281))
+    t0 = time.perf_counter()
+    keys = _fill(server, args.listing, classes)
+    fill_s = time.perf_counter() - t0
+    options = server.options() | {"endpoint_url": proxy.url}
+    results = {}
+    for name, in_flight, latency in (("no latency, one at a time", 1, 0.0), ("one at a time", 1, args.latency),
+                                     ("parallel", args.in_flight, args.latency)):
+        proxy.latency = latency
+        store = ObjectStore.from_url("s3://bench/train", options, max_in_flight=in_flight)
+        proxy.reset_counts()
+        t0 = time.perf_counter()
+        infos = store.list_tree()
+        dt = time.perf_counter() - t0
+        if len(infos) != len(keys):
+            raise SystemExit(f"listed {len(infos)} of {len(keys)} objects: broken run")
+        results[name] = {"seconds": dt, "lists": proxy.counts["GET"], "max_in_flight": proxy.max_in_flight,
+                         "in_flight": in_flight, "latency": latency}
+        store.close()
+    per_class = math.ceil(len(keys) / classes / 1000)
+    pages = classes * per_class
+    page_s = results["no latency, one at a time"]["seconds"] / results["no latency, one at a time"]["lists"]
+    cpus = len(os.sched_getaffinity(0))
+    model = _model(math.ceil(1281 / 1000), args.latency, page_s, args.in_flight, cpus)
+    print(f"listing {len(keys)} objects in {classes} class prefixes ({len(keys) // classes} each; uploaded in "
+          f"{fill_s:.0f} s), cpus {cpus}; {pages} pages of <= 1000 keys + 1 listing of the classes")
+    for name, r in results.items():
+        print(f"  {name:26s} (in flight {r['in_flight']:2d}, latency {r['latency'] * 1000:2.0f} ms): "
+              f"{r['seconds']:6.2f} s, {r['lists']} LIST requests, at most {r['max_in_flight']} at once at the proxy")
+    speedup = results["one at a time"]["seconds"] / results["parallel"]["seconds"]
+    print(f"  parallel / one at a time: {speedup:.1f}x faster; the store's own time per page: {page_s * 1000:.0f} ms")
+    print(f"  model, 1,281,000 objects in 1000 classes ({model['lists']} LISTs, {args.latency * 1000:.0f} ms + "
+          f"{page_s * 1000:.0f} ms each): one at a time {model['one_at_a_time']:.0f} s; {args.in_flight} in flight "
+          f"{model['parallel']:.0f} s on a store serving them at once, {model['parallel_here']:.0f} s with this "
+          f"emulator on {cpus} cores")
+    return {"results": results, "classes": classes, "fill_s": fill_s, "speedup": speedup, "page_s": page_s,
+            "model": model}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=400)
-    ap.add_argument("--classes", type=int, default=4)
+    ap.add_argument("--classes", type=int, default=None, help="class folders (default 4; --listing: N / 1281)")
     ap.add_argument("--size", default="500x375")
     ap.add_argument("--latency", type=float, default=0.020, help="seconds added to every request")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s per connection (default: no cap)")
@@ -185,7 +264,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--loaders", action="store_true", help="compare whole loaders (see the docstring)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per loader (--loaders)")
+    ap.add_argument("--listing", type=int, default=0, metavar="N", help="time the listing of N objects instead")
     args = ap.parse_args(argv)
+    args.classes_given = args.classes is not None
+    args.classes = args.classes or 4
+    if args.listing:
+        server = MotoServer().start()
+        proxy = FaultProxy(server.url, latency=args.latency, bandwidth=args.bandwidth).start()
+        try:
+            return listing(args, server, proxy)
+        finally:
+            proxy.stop()
+            server.stop()
     w, h = (int(v) for v in args.size.split("x"))
 
     with tempfile.TemporaryDirectory() as tmp:
