@@ -28,6 +28,15 @@ shard whose gaps are at most `max_gap` bytes (the label member and the next head
 two consecutive samples) with ONE pread; it returns the bytes per item and the number of reads
 and bytes it made.
 
+Shards in a bucket (`build_remote_index`, an ObjectStore and the shards' keys, sizes and ETags
+from one listing): a shard of at most WHOLE_SHARD bytes (16 MiB) is read with ONE GET and its
+headers walked in memory; a larger one through a seekable file whose reads are ranged GETs of at
+least READ_AHEAD bytes (64 KiB) from the header asked for, so the next headers and the label
+members of small samples come with the same GET; shards on the thread pool. Reads are ranged
+GETs (`ObjectStore.read_ranges`), one per run of a batch's neighbours, all of a batch at once.
+Persisted keyed by the shards' (URL, size, ETag); the fingerprint hashes those and the index
+(an ETag changes with the bytes, so no member bytes are read for it).
+
 Persisted like the manifest (coordl/manifest/store.py): one file per (shard paths,
 extensions) in the folder the caller names, reused while every shard has the (size, mtime_ns,
 ctime_ns, inode) it had when indexed; a flock makes one process build while the others of the
@@ -46,13 +55,15 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
 import tarfile
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 import xxhash
@@ -62,6 +73,8 @@ from coordl.errors import SampleError
 MAGIC = b"COORDLT1"
 SAMPLE_ITEMS = 64
 SAMPLE_BYTES = 4096
+WHOLE_SHARD = 16 << 20  # a shard in a bucket up to this size is indexed from one GET of all of it
+READ_AHEAD = 64 << 10  # else: ranged GETs of this many bytes from each header (the next headers ride along)
 MAX_GAP = 4096  # merge two items of one batch and shard when at most this many bytes lie between (neighbours)
 BUILDS = {"builds": 0, "loads": 0}
 _KEY = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")  # webdataset's base_plus_ext
@@ -82,12 +95,22 @@ class _Scan:
 
 
 def _scan_shard(path: str, image_ext: Sequence[str], label_ext: str) -> _Scan:
-    """One shard's samples from its headers (and its label members' few bytes)."""
+    """One local shard's samples from its headers (and its label members' few bytes)."""
+    try:
+        file_size = os.stat(path).st_size
+        with open(path, "rb") as f:
+            return _scan_file(f, file_size, image_ext, label_ext)
+    except OSError as e:
+        return _Scan([], [], [], [], [], [], f"not a readable tar file ({e})")
+
+
+def _scan_file(f: BinaryIO, file_size: int, image_ext: Sequence[str], label_ext: str) -> _Scan:
+    """The samples of the tar in the seekable `f` of `file_size` bytes. A SampleError of a remote
+    read is not caught here (the caller names the shard that could not be read)."""
     groups: dict[str, dict] = {}
     damage, last = None, None
     try:
-        file_size = os.stat(path).st_size
-        with tarfile.open(path, "r:") as tar:
+        with tarfile.open(fileobj=f, mode="r:") as tar:
             try:
                 for m in tar:
                     match = _KEY.match(m.name)
@@ -105,9 +128,8 @@ def _scan_shard(path: str, image_ext: Sequence[str], label_ext: str) -> _Scan:
             except (tarfile.TarError, OSError, EOFError) as e:
                 damage, end = f"{e}" + (f" (after the sample {last!r})" if last else ""), None
             if damage is None and end is not None and end < file_size:
-                with open(path, "rb") as f:
-                    f.seek(end)
-                    rest = f.read(min(file_size - end, 1 << 20))
+                f.seek(end)
+                rest = f.read(min(file_size - end, 1 << 20))
                 if rest.strip(b"\0") or file_size - end > 1 << 20:
                     damage = (f"bytes at offset {end} are not a tar header"
                               + (f" (after the sample {last!r})" if last else ""))
@@ -150,6 +172,7 @@ class TarIndex:
         self.key_off: np.ndarray = arrays["key_off"]          # int64 (n + 1): key i is keys[key_off[i]:key_off[i+1]]
         self.keys: np.ndarray = arrays["keys"]                # uint8: the keys, UTF-8, end to end
         self._fds: tuple[int, dict[int, int]] = (os.getpid(), {})
+        self.remote: tuple[Any, list[str]] | None = None  # (ObjectStore, shard keys) for shards in a bucket
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -187,6 +210,35 @@ class TarIndex:
         with contextlib.suppress(Exception):
             self.close()
 
+    def _fetch(self, spans: list[tuple[int, int, int]], drop_page_cache: bool) -> list[bytes | SampleError]:
+        """The bytes of each (shard, offset, length): one pread each, or for shards in a bucket one
+        ranged GET each, all at once (ObjectStore.read_ranges). A failure is a SampleError whose text
+        says why and what to do (the caller prefixes the shard and key)."""
+        if self.remote is not None:
+            store, keys = self.remote
+            got = store.read_ranges([(keys[s], off, n) for s, off, n in spans], return_errors=True)
+            out: list[bytes | SampleError] = []
+            for (s, _, _), g in zip(spans, got):
+                if isinstance(g, SampleError):  # its text starts with the shard's URL: said once
+                    text = str(g)
+                    url = self.shards[s] + ": "
+                    g = SampleError(text[len(url):] if text.startswith(url) else text)
+                out.append(g)
+            return out
+        out = []
+        for s, start, n in spans:
+            try:
+                fd = self._fd(s)
+                buf = os.pread(fd, n, start)
+                if drop_page_cache:
+                    os.posix_fadvise(fd, start, n, os.POSIX_FADV_DONTNEED)
+            except OSError as e:
+                out.append(SampleError(f"cannot read the shard ({e.strerror or e}): check that it exists "
+                                       "and is readable, or pass on_error='skip'"))
+                continue
+            out.append(buf)
+        return out
+
     def read(self, i: int, drop_page_cache: bool = False) -> bytes:
         """Item i's image bytes (one pread); raises SampleError naming shard and key."""
         data, errors, _, _ = self.read_many([i], drop_page_cache)
@@ -210,7 +262,7 @@ class TarIndex:
             else:
                 todo.append((int(self.shard[i]), int(self.offset[i]), i))
         todo.sort()
-        reads = nbytes = 0
+        runs: list[list[tuple[int, int, int]]] = []  # items of one shard read by one request
         k = 0
         while k < len(todo):
             s, start, _ = todo[k]
@@ -223,16 +275,16 @@ class TarIndex:
                 run.append(todo[k + len(run)])
                 end = max(end, off2 + int(self.size[i2]))
             k += len(run)
-            try:
-                fd = self._fd(s)
-                buf = os.pread(fd, end - start, start)
-                if drop_page_cache:
-                    os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
-            except OSError as e:
+            runs.append(run)
+        spans = [(run[0][0], run[0][1], max(off + int(self.size[i]) for _, off, i in run) - run[0][1]) for run in runs]
+        reads = nbytes = 0
+        for run, got in zip(runs, self._fetch(spans, drop_page_cache)):
+            if isinstance(got, SampleError):
                 for _, _, i in run:
-                    errors[i] = SampleError(f"{self.where(i)}: cannot read the shard ({e.strerror or e}): "
-                                            "check that it exists and is readable, or pass on_error='skip'")
+                    errors[i] = SampleError(f"{self.where(i)}: {got}")
                 continue
+            buf = got
+            start = run[0][1]
             reads += 1
             nbytes += len(buf)
             view = memoryview(buf)
@@ -249,12 +301,18 @@ class TarIndex:
 
 # -- building, persisting, loading --
 
-def _fingerprint(shards: list[str], stats: list[list[int]], exts: list, arrays: dict[str, np.ndarray]) -> str:
+def _fingerprint(shards: list[str], stats: list[list], exts: list, arrays: dict[str, np.ndarray],
+                 remote: bool = False) -> str:
+    """Local shards: names, sizes, whole-second mtimes, the index and sampled bytes. Shards in a
+    bucket: names, sizes and ETags (an ETag changes with the object's bytes) and the index."""
     h = hashlib.sha256(b"coordl-tarindex-1")
-    h.update(json.dumps([exts, [[os.path.basename(p), st[0], st[1] // 10**9] for p, st in zip(shards, stats)]]
-                        ).encode("utf-8", "surrogateescape"))
+    rows = ([[os.path.basename(p), st[0], st[1]] for p, st in zip(shards, stats)] if remote else
+            [[os.path.basename(p), st[0], st[1] // 10**9] for p, st in zip(shards, stats)])
+    h.update(json.dumps([exts, rows]).encode("utf-8", "surrogateescape"))
     for name in ("shard", "offset", "size", "label", "key_off", "keys"):
         h.update(np.ascontiguousarray(arrays[name]).tobytes())
+    if remote:
+        return h.hexdigest()
     n = len(arrays["shard"])
     picks = sorted({j * n // SAMPLE_ITEMS for j in range(min(n, SAMPLE_ITEMS))})
     for i in picks:
@@ -280,6 +338,10 @@ def _fingerprint(shards: list[str], stats: list[list[int]], exts: list, arrays: 
 def _build(shards: list[str], image_ext: tuple, label_ext: str, threads: int) -> tuple[list, dict]:
     with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(shards))), "coordl-tarindex") as pool:
         scans = list(pool.map(lambda p: _scan_shard(p, image_ext, label_ext), shards))
+    return _arrays(scans)
+
+
+def _arrays(scans: list[_Scan]) -> tuple[list, dict]:
     keys = [k.encode("utf-8", "surrogateescape") for sc in scans for k in sc.keys]
     arrays = {
         "shard": np.concatenate([np.full(len(sc.keys), s, np.int32) for s, sc in enumerate(scans)] or
@@ -357,27 +419,108 @@ def build_index(shards: Sequence[str], image_ext: Sequence[str] = ("jpg", "jpeg"
     label_ext = label_ext.lower().lstrip(".")
     stats = [_stat(p) for p in shards]
     exts = [list(image_ext), label_ext]
-    if folder is None:
+
+    def fresh() -> TarIndex:
         return _fresh(shards, stats, exts, threads)
-    name = hashlib.sha256(json.dumps([shards, exts]).encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    path = os.path.join(folder, name + ".tarindex")
-    os.makedirs(folder, exist_ok=True)
-    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        loaded = None if rebuild else _load(path)
-        if loaded is not None and loaded[0].get("stats") == stats and loaded[0].get("exts") == exts:
-            header, arrays = loaded
-            BUILDS["loads"] += 1
-            return TarIndex(shards, header["damage"], arrays, header["fingerprint"])
-        index = _fresh(shards, stats, exts, threads)
-        arrays = {n: getattr(index, n) for n in _ARRAYS}
-        _save(path, {"shards": shards, "stats": stats, "exts": exts, "damage": index.damage,
-                     "fingerprint": index.fingerprint}, arrays)
-        return index
-    finally:
-        os.close(lock)
+
+    return _cached(folder, shards, stats, exts, rebuild, fresh, None)
+
+
+def _cached(folder: str | None, shards: list[str], stats: list, exts: list, rebuild: bool,
+            fresh: Callable[[], TarIndex], remote: tuple[Any, list[str]] | None) -> TarIndex:
+    """The persisted index of (shards, exts) in `folder` if its stats match, else fresh() saved there."""
+    if folder is None:
+        index = fresh()
+    else:
+        name = hashlib.sha256(json.dumps([shards, exts]).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+        path = os.path.join(folder, name + ".tarindex")
+        os.makedirs(folder, exist_ok=True)
+        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            loaded = None if rebuild else _load(path)
+            if loaded is not None and loaded[0].get("stats") == stats and loaded[0].get("exts") == exts:
+                header, arrays = loaded
+                BUILDS["loads"] += 1
+                index = TarIndex(shards, header["damage"], arrays, header["fingerprint"])
+            else:
+                index = fresh()
+                arrays = {n: getattr(index, n) for n in _ARRAYS}
+                _save(path, {"shards": shards, "stats": stats, "exts": exts, "damage": index.damage,
+                             "fingerprint": index.fingerprint}, arrays)
+        finally:
+            os.close(lock)
+    index.remote = remote
+    return index
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only, seekable file over one object, read by ranged GETs of at least `block` bytes
+    from the position asked for (what tarfile needs to walk a shard's headers)."""
+
+    def __init__(self, store: Any, key: str, size: int, block: int) -> None:
+        self.store, self.key, self.size, self.block = store, key, size, block
+        self.pos, self.buf_start, self.buf = 0, 0, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), max(0, self.size - self.pos))
+        if n == 0:
+            return 0
+        if not (self.buf_start <= self.pos and self.pos + n <= self.buf_start + len(self.buf)):
+            length = min(max(n, self.block), self.size - self.pos)
+            self.buf = self.store.read_ranges([(self.key, self.pos, length)])[0]
+            self.buf_start = self.pos
+        piece = self.buf[self.pos - self.buf_start:self.pos - self.buf_start + n]
+        b[:len(piece)] = piece
+        self.pos += len(piece)
+        return len(piece)
+
+
+def _scan_object(store: Any, key: str, size: int, image_ext: tuple, label_ext: str) -> _Scan:
+    if size <= WHOLE_SHARD:  # one GET for the whole shard, scanned in memory
+        return _scan_file(io.BytesIO(store.read_ranges([(key, 0, size)])[0]), size, image_ext, label_ext)
+    return _scan_file(io.BufferedReader(_RangeFile(store, key, size, READ_AHEAD), 512), size, image_ext, label_ext)
+
+
+def build_remote_index(store: Any, keys: Sequence[str], infos: Sequence[tuple[int, str | None]],
+                       image_ext: Sequence[str] = ("jpg", "jpeg", "png", "webp"), label_ext: str = "cls",
+                       folder: str | None = None, threads: int = 16, rebuild: bool = False) -> TarIndex:
+    """The index of the shards `keys` (relative to `store`'s root, an ObjectStore) whose listed
+    (size, ETag) are `infos`: loaded from `folder` while every shard's URL, size and ETag are
+    unchanged, else built (a shard up to WHOLE_SHARD bytes with one GET, a larger one with ranged
+    GETs of READ_AHEAD bytes from each header; shards on a thread pool) and saved there. Reads go
+    through `store.read_ranges`. Raises SampleError naming the shard's URL if a GET fails."""
+    keys = list(keys)
+    names = [store.url_of(k) for k in keys]
+    image_ext = tuple(e.lower().lstrip(".") for e in image_ext)
+    label_ext = label_ext.lower().lstrip(".")
+    stats = [[int(size), etag] for size, etag in infos]
+    exts = [list(image_ext), label_ext]
+
+    def fresh() -> TarIndex:
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(keys))), "coordl-tarindex") as pool:
+            scans = list(pool.map(lambda ks: _scan_object(store, ks[0], ks[1][0], image_ext, label_ext),
+                                  zip(keys, stats)))
+        damage, arrays = _arrays(scans)
+        BUILDS["builds"] += 1
+        return TarIndex(names, damage, arrays, _fingerprint(names, stats, exts, arrays, remote=True))
+
+    return _cached(folder, names, stats, exts, rebuild, fresh, (store, keys))
 
 
 def _fresh(shards: list[str], stats: list[list[int]], exts: list, threads: int) -> TarIndex:

@@ -15,6 +15,18 @@ ImageFolder's: this class is an ImageFolder whose bytes come from tar members. W
 a batch's misses are read together, items of one shard within `max_gap` bytes with one pread
 (`storage_reads` counts preads, `storage_bytes` the bytes they read, gaps included), and a
 bad sample's `SampleError` names the shard and the key.
+
+Shards in a bucket (any fsspec URL, s3:// through s3fs; `storage_options` as ImageFolder's):
+
+    ds = coordl.WebDataset("s3://bucket/prefix/train-{000000..000009}.tar",
+                           storage_options={"endpoint_url": "http://127.0.0.1:9000"})
+
+one ObjectStore at the shards' common folder lists them once (size, ETag); the index is built
+from the tar headers (tarindex.build_remote_index: a shard up to 16 MiB with one GET of all of
+it, a larger one by ranged GETs of 64 KiB from each header) and persisted keyed by the shards'
+(URL, size, ETag); an item is a ranged GET, and a batch's items within `max_gap` bytes in one
+shard are ONE ranged GET (ObjectStore.read_ranges: at most `max_in_flight` at once, retries).
+A GET that fails (a deleted shard) is a SampleError naming the shard's URL and the key.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from coordl.cache import tarindex
+from coordl.datasets import sources
 from coordl.datasets.imagefolder import _ON_ERROR, _TRANSFORMS, ImageFolder, _check_size
 from coordl.datasets.onerror import sample_error, skip_or_raise
 from coordl.errors import ConfigError, DatasetError, SampleError, at_item
@@ -54,12 +67,44 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[s
 
 
 def _local(url: str) -> str:
-    if url.startswith("file://"):
-        return url[len("file://"):]
-    if "://" in url:
-        raise ConfigError(f"WebDataset: {url!r} is an object-storage URL: only local shard paths (or "
-                          "file://) are read so far; copy the shards to a local or mounted folder")
-    return url
+    return url[len("file://"):] if url.startswith("file://") else url
+
+
+def _remote_index(urls: list[str], storage_options: dict | None, max_in_flight: int, image_ext: Sequence[str],
+                  label_ext: str, folder: str | None, threads: int, rebuild: bool) -> tarindex.TarIndex:
+    """The index of shards at object-storage URLs: one store at their common folder, one listing
+    of it for the shards' sizes and ETags, then tarindex.build_remote_index."""
+    from coordl.cache.objstore import ObjectStore
+
+    local = [u for u in urls if "://" not in u]
+    schemes = sorted({u.split("://", 1)[0] for u in urls if "://" in u})
+    if local or len(schemes) != 1:
+        raise ConfigError(f"WebDataset: the shards mix object-storage URLs ({schemes[0]}://...) with "
+                          f"{'local paths (' + repr(local[0]) + ')' if local else 'other schemes ' + str(schemes)}: "
+                          "put all shards in one store, or all on local disk")
+    dirs = [u.rsplit("/", 1)[0].split("/") for u in urls]
+    common = dirs[0]
+    for d in dirs[1:]:
+        n = 0
+        while n < min(len(common), len(d)) and common[n] == d[n]:
+            n += 1
+        common = common[:n]
+    root = "/".join(common)
+    if len(common) < 3 or not common[2]:  # [scheme:, '', bucket, ...]: no bucket in common
+        raise ConfigError(f"WebDataset: the shard URLs ({urls[0]}, ...) are not in one bucket: read one bucket "
+                          "per WebDataset")
+    objects = ObjectStore.from_url(root, storage_options, max_in_flight=max_in_flight)
+    keys = [u[len(root) + 1:] for u in urls]
+    listed = {o.key: (o.size, o.etag) for o in objects.list()}
+    missing = [objects.url_of(k) for k in keys if k not in listed]
+    if missing:
+        raise DatasetError(f"WebDataset: {len(missing)} of {len(urls)} shards are not in the store (first: "
+                           f"{missing[0]!r}): check the URLs or the brace pattern")
+    try:
+        return tarindex.build_remote_index(objects, keys, [listed[k] for k in keys], image_ext, label_ext,
+                                           folder, threads, rebuild)
+    except SampleError as e:
+        raise DatasetError(f"WebDataset: cannot index a shard: {e}") from None
 
 
 class _Manifest:
@@ -89,7 +134,11 @@ class WebDataset(ImageFolder):
             coordl/manifest/store.py); ``"off"`` builds the index at every start.
         reindex: build the index even if the persisted one matches the shards.
         index_threads: shards indexed at once.
-        max_gap: two items of one batch and shard at most this many bytes apart are read by one pread.
+        max_gap: two items of one batch and shard at most this many bytes apart are read by one pread
+            (one ranged GET for shards in a bucket).
+        storage_options: for shards at object-storage URLs (``s3://bucket/train-{000000..000009}.tar``):
+            the fsspec options, as `coordl.ImageFolder` takes them (endpoint_url, key, secret, anon, ...).
+        max_in_flight: GETs in flight at once per process, for shards in a bucket.
     """
 
     def __init__(
@@ -106,6 +155,8 @@ class WebDataset(ImageFolder):
         reindex: bool = False,
         index_threads: int = 16,
         max_gap: int = tarindex.MAX_GAP,
+        storage_options: dict | None = None,
+        max_in_flight: int = 32,
     ) -> None:
         if isinstance(transform, str) and transform not in _TRANSFORMS:
             raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
@@ -118,16 +169,21 @@ class WebDataset(ImageFolder):
         shards = [_local(u) for u in expand_urls(urls)]
         if not shards:
             raise ConfigError(f"urls={urls!r} names no shard: pass a path or a brace pattern")
-        missing = [p for p in shards if not os.path.isfile(p)]
-        if missing:
-            raise DatasetError(f"WebDataset: {len(missing)} of {len(shards)} shards are not files (first: "
-                               f"{missing[0]!r}): check the paths or the brace pattern in urls={urls!r}")
-        try:
-            self.index = tarindex.build_index(shards, image_ext, label_ext, store.directory(index_cache),
-                                              index_threads, rebuild=reindex)
-        except OSError as e:
-            raise DatasetError(f"WebDataset: cannot open the shard {e.filename!r} ({e.strerror or e}): "
-                               "check the path or brace pattern in urls") from None
+        if any(sources.is_url(p) for p in shards):
+            self.index = _remote_index(shards, storage_options, max_in_flight, image_ext, label_ext,
+                                       store.directory(index_cache), index_threads, reindex)
+        else:
+            missing = [p for p in shards if not os.path.isfile(p)]
+            if missing:
+                raise DatasetError(f"WebDataset: {len(missing)} of {len(shards)} shards are not files (first: "
+                                   f"{missing[0]!r}): check the paths or the brace pattern in urls={urls!r}")
+            try:
+                self.index = tarindex.build_index(shards, image_ext, label_ext, store.directory(index_cache),
+                                                  index_threads, rebuild=reindex)
+            except OSError as e:
+                raise DatasetError(f"WebDataset: cannot open the shard {e.filename!r} ({e.strerror or e}): "
+                                   "check the path or brace pattern in urls") from None
+        shards = list(self.index.shards)
         damaged = [(s, d) for s, d in zip(self.index.shards, self.index.damage) if d]
         for shard, why in damaged:
             msg = f"{shard}: the shard is damaged: {why}"
@@ -160,6 +216,12 @@ class WebDataset(ImageFolder):
     def targets(self) -> list[int]:
         """The class index of every sample, in item order."""
         return self.index.label.tolist()
+
+    @property
+    def object_store(self) -> Any:
+        """The ObjectStore the shards are read from (its `stats()` count this process's GETs), or None
+        for local shards."""
+        return None if self.index.remote is None else self.index.remote[0]
 
     @property
     def fingerprint(self) -> str:
