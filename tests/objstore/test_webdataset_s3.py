@@ -215,3 +215,28 @@ def test_a_corrupt_shard_names_its_url(shards):
         web = coordl.WebDataset(torn, transform="val", size=32, storage_options=opts, index_cache="off",
                                 on_error="skip")
     assert web.damaged_shards == [torn]
+
+
+def test_read_ranges_keeps_the_bound_retries_and_names_the_url(shards, proxy):
+    from coordl.cache.objstore import ObjectStore
+
+    store = ObjectStore.from_url(f"s3://{BUCKET}/{PREFIX}", shards.options(endpoint_url=proxy.url), max_in_flight=3)
+    try:
+        with open(shards.local[0], "rb") as f:
+            local = f.read()
+        ranges = [("train-000000.tar", off, 700) for off in range(0, 40 * 512, 512)]
+        proxy.latency, proxy.max_in_flight = 0.02, 0
+        proxy.inject(503, 2)
+        got = store.read_ranges(ranges)
+        assert got == [local[off:off + 700] for _, off, _ in ranges]
+        assert proxy.max_in_flight <= 3
+        stats = store.stats()
+        assert stats["retries"] == 2 and stats["gets"] == 40 + 2 and stats["bytes"] == 40 * 700
+        assert store.read_ranges([("train-000000.tar", len(local) - 10, 100)]) == [local[-10:]]  # short at the end
+        (missing,) = store.read_ranges([("nope.tar", 0, 10)], return_errors=True)
+        assert isinstance(missing, coordl.SampleError)
+        assert str(missing).startswith(f"s3://{BUCKET}/{PREFIX}/nope.tar: GET failed")
+        with pytest.raises(coordl.SampleError, match=rf"s3://{BUCKET}/{PREFIX}/nope\.tar: GET failed"):
+            store.read_ranges([("train-000000.tar", 0, 10), ("nope.tar", 0, 10)])
+    finally:
+        store.close()
