@@ -504,7 +504,8 @@ def build_remote_index(store: Any, keys: Sequence[str], infos: Sequence[tuple[in
     (size, ETag) are `infos`: loaded from `folder` while every shard's URL, size and ETag are
     unchanged, else built (a shard up to WHOLE_SHARD bytes with one GET, a larger one with ranged
     GETs of READ_AHEAD bytes from each header; shards on a thread pool) and saved there. Reads go
-    through `store.read_ranges`. Raises SampleError naming the shard's URL if a GET fails."""
+    through `store.read_ranges`. Raises SampleError naming the shard's URL if a GET fails. A store
+    that gives no ETag (memory://, some gateways): built at every start, never persisted."""
     keys = list(keys)
     names = [store.url_of(k) for k in keys]
     image_ext = tuple(e.lower().lstrip(".") for e in image_ext)
@@ -520,6 +521,8 @@ def build_remote_index(store: Any, keys: Sequence[str], infos: Sequence[tuple[in
         BUILDS["builds"] += 1
         return TarIndex(names, damage, arrays, _fingerprint(names, stats, exts, arrays, remote=True))
 
+    if any(etag is None for _, etag in stats):  # a store without ETags: a size alone cannot tell a rewrite
+        folder = None
     return _cached(folder, names, stats, exts, rebuild, fresh, (store, keys))
 
 

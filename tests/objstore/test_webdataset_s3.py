@@ -240,3 +240,23 @@ def test_read_ranges_keeps_the_bound_retries_and_names_the_url(shards, proxy):
             store.read_ranges([("train-000000.tar", 0, 10), ("nope.tar", 0, 10)])
     finally:
         store.close()
+
+
+def test_a_store_without_etags_is_indexed_at_every_start(shards, tmp_path):
+    """memory:// lists no ETag: a size alone cannot tell a rewritten shard, so nothing is persisted."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    with open(shards.local[2], "rb") as f:
+        fs.pipe("/wds-noetag/train-000002.tar", f.read())
+    try:
+        before = dict(tarindex.BUILDS)
+        for _ in range(2):
+            web = coordl.WebDataset("memory://wds-noetag/train-000002.tar", transform="val", size=32,
+                                    index_cache=str(tmp_path))
+        assert tarindex.BUILDS["builds"] - before["builds"] == 2 and tarindex.BUILDS["loads"] == before["loads"]
+        assert os.listdir(tmp_path) == [] and len(web) == 8
+        local = coordl.WebDataset(shards.local[2], transform="val", size=32, index_cache="off")
+        assert web.targets == local.targets and bytes(web.fetch(7)) == bytes(local.fetch(7))
+    finally:
+        fs.rm("/wds-noetag", recursive=True)
