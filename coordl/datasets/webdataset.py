@@ -23,7 +23,7 @@ Shards in a bucket (any fsspec URL, s3:// through s3fs; `storage_options` as Ima
 
 one ObjectStore at the shards' common folder lists them once (size, ETag); the index is built
 from the tar headers (tarindex.build_remote_index: a shard up to 16 MiB with one GET of all of
-it, a larger one by ranged GETs of 64 KiB from each header) and persisted keyed by the shards'
+it, a larger one by ranged GETs of 4 KiB from each header) and persisted keyed by the shards'
 (URL, size, ETag); an item is a ranged GET, and a batch's items within `max_gap` bytes in one
 shard are ONE ranged GET (ObjectStore.read_ranges: at most `max_in_flight` at once, retries).
 A GET that fails (a deleted shard) is a SampleError naming the shard's URL and the key.
