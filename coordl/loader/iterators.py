@@ -13,6 +13,7 @@ NOTE (torch internals relied on): `_MultiProcessingDataLoaderIter._shutdown_work
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
@@ -58,6 +59,22 @@ class MultiIter(_Counting, _MultiProcessingDataLoaderIter):
     def __init__(self, loader, position: Position) -> None:
         self._position = position
         super().__init__(loader)
+
+    def __next__(self):
+        try:
+            return super().__next__()
+        except StopIteration:
+            raise
+        except BaseException as e:  # a worker's error (torch's ExceptionWrapper.reraise), a dead worker...
+            # torch's frames below this one hold the iterator (`self`), and reraise's frame holds the
+            # exception (`exception`): a cycle exception -> traceback -> frame -> exception, so the
+            # iterator and its worker processes outlived a dropped exception until the garbage
+            # collector ran. Their locals are cleared (the lines stay in the traceback; the worker's
+            # own traceback is in the message), so the workers shut down (torch's __del__) as soon
+            # as the exception is dropped; the iterator stays usable, as torch's, meanwhile.
+            if e.__traceback__ is not None:
+                traceback.clear_frames(e.__traceback__.tb_next)
+            raise
 
     def _shutdown_workers(self) -> None:
         super()._shutdown_workers()
