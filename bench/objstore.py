@@ -20,6 +20,9 @@ With `--loaders`, whole loaders on the same files instead (train transform, `--w
   its object with s3fs, decodes with PIL and crops/flips (what a user writes; no torchvision here,
   so RandomResizedCrop's sampling is written out);
 - `coordl s3 + MinIO f=0.5`: GETs per epoch (counted at the proxy) with a cache of half the bytes.
+The proxy runs in a process of its own there (`ProxyProcess`), and each loader's line gives the CPU
+seconds per epoch (user + system, from /proc/<pid>/stat) of the moto server, the proxy, this
+process and the loader's worker processes: on 2 cores the emulated store competes with the loaders.
 
 With `--listing N`, the listing of N tiny objects instead (`--classes` default: N / 1281, ImageNet's
 images per class, so each class prefix takes the same two LIST pages of 1000 keys as ImageNet's):
@@ -31,6 +34,7 @@ model fed with the measured time of a page (`_model`).
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import os
 import sys
@@ -40,7 +44,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from lib.objstore_proxy import FaultProxy  # noqa: E402
+from lib.objstore_proxy import FaultProxy, ProxyProcess  # noqa: E402
 
 # tests/s3server.py by its file: tests/ on sys.path would make tests/coordl/ a namespace package `coordl`
 _spec = importlib.util.spec_from_file_location("s3server", os.path.join(os.path.dirname(HERE), "tests", "s3server.py"))
@@ -140,16 +144,27 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
         "torch s3fs": lambda: torch.utils.data.DataLoader(S3fsImages(url, opts, keys), **common),
     }
     results = {}
-    store_cpu = psutil.Process(server.proc.pid)  # moto runs on the same cores: what it costs them
+    me = psutil.Process()
+    others = {"moto": psutil.Process(server.proc.pid), "proxy": psutil.Process(proxy.pid)}
+
+    def cpu(p) -> float:  # user + system seconds (/proc/<pid>/stat)
+        t = p.cpu_times()
+        return t.user + t.system
+
     for name, make in runs.items():
         loader = make()
         proxy.reset_counts()
-        c0 = sum(store_cpu.cpu_times()[:2])
+        c0 = {k: cpu(p) for k, p in [*others.items(), ("main", me)]}
         rates = _epochs(loader, args.epochs)
+        epochs = args.epochs + 1
+        used = {k: (cpu(p) - c0[k]) / epochs for k, p in [*others.items(), ("main", me)]}
+        workers = [c for c in me.children(recursive=True) if c.pid not in (server.proc.pid, proxy.pid)]
+        used["workers"] = sum(cpu(c) for c in workers) / epochs  # persistent: their whole life is these epochs
         results[name] = {"images_per_s": statistics.median(rates), "epochs": rates,
-                         "gets_per_epoch": proxy.counts["GET"] / (args.epochs + 1),
-                         "store_cpu_s_per_epoch": (sum(store_cpu.cpu_times()[:2]) - c0) / (args.epochs + 1)}
+                         "gets_per_epoch": proxy.counts["GET"] / epochs, "cpu_s_per_epoch": used,
+                         "store_cpu_s_per_epoch": used["moto"] + used["proxy"]}
         del loader
+        gc.collect()  # its workers end now, not during the next loader's run
     ds = coordl.ImageFolder(url, storage_options=opts, max_in_flight=args.in_flight)
     loader = coordl.DataLoader(ds, cache=ds.manifest.total_bytes // 2, **common)
     gets = []
@@ -172,8 +187,9 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
     for name, r in results.items():
         if "images_per_s" in r:
             epochs = ", ".join(f"{x:.0f}" for x in r["epochs"])
+            used = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_s_per_epoch"].items())
             print(f"  {name:14s} {r['images_per_s']:8.1f} images/s  (epochs {epochs}; "
-                  f"{r['gets_per_epoch']:.0f} GETs/epoch; moto server CPU {r['store_cpu_s_per_epoch']:.2f} s/epoch)")
+                  f"{r['gets_per_epoch']:.0f} GETs/epoch; CPU s/epoch: {used})")
     print(f"  MinIO f=0.5 over s3: GETs per epoch {gets} (of {len(keys)} objects)")
     print("  ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     return {"results": results, "ratios": ratios}
@@ -282,7 +298,9 @@ def main(argv: list[str] | None = None) -> dict:
         root = os.path.join(tmp, "train")
         nbytes = make_dataset(root, images=args.images, classes=args.classes, size=(w, h), workers=1, progress=False)
         server = MotoServer().start()
-        proxy = FaultProxy(server.url, latency=args.latency, bandwidth=args.bandwidth).start()
+        # --loaders: the proxy in a process of its own, so its CPU is measured apart from the loaders'
+        proxy_cls = ProxyProcess if args.loaders else FaultProxy
+        proxy = proxy_cls(server.url, latency=args.latency, bandwidth=args.bandwidth).start()
         try:
             keys = upload_folder(server, "bench", root, "train")
             if args.loaders:

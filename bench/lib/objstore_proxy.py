@@ -11,13 +11,23 @@ Each request waits `latency` seconds before it is forwarded (one round trip to a
 `bandwidth` (bytes/s, per connection) paces the response body. Requests are forwarded unchanged
 (the Host header too, so SigV4 signatures stay valid), one upstream keep-alive connection per
 client connection. Not part of the library: coordl never imports it.
+
+    proxy = ProxyProcess("http://127.0.0.1:9000", latency=0.020).start()   # the same, in a process
+    proxy.pid, proxy.counts, proxy.reset_counts(), proxy.stop()             # of its own (CPU apart)
+
+`ProxyProcess` runs this file as a script (a FaultProxy whose /__proxy__/counts and
+/__proxy__/reset answer the parent instead of being forwarded); it exits when the parent closes its
+stdin or stops it.
 """
 
 from __future__ import annotations
 
 import collections
 import http.client
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -38,6 +48,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _forward(self) -> None:
         proxy: FaultProxy = self.server.proxy  # type: ignore[attr-defined]
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if proxy.control and self.path.startswith("/__proxy__/"):
+            self._control(proxy)
+            return
         injected = proxy._on_request(self.command)
         try:
             self._answer(proxy, body, injected)
@@ -70,6 +83,13 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._reply(resp.status, resp.reason, headers, data)
 
+    def _control(self, proxy: FaultProxy) -> None:
+        if self.path == "/__proxy__/reset":
+            proxy.reset_counts()
+        with proxy._lock:
+            state = {"counts": dict(proxy.counts), "max_in_flight": proxy.max_in_flight}
+        self._reply(200, "OK", {"Content-Type": "application/json"}, json.dumps(state).encode())
+
     def _reply(self, status: int, reason: str, headers: dict, data: bytes, keep_length: bool = False) -> None:
         self.send_response_only(status, reason)
         for k, v in headers.items():
@@ -92,6 +112,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away mid-answer (a loader's workers stopped) is not news; others are."""
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
     def process_request(self, request, client_address):
         self.proxy._conns.add(request)  # type: ignore[attr-defined]
         super().process_request(request, client_address)
@@ -100,10 +125,11 @@ class _Server(ThreadingHTTPServer):
 class FaultProxy:
     """See the module docstring."""
 
-    def __init__(self, upstream: str, latency: float = 0.020, bandwidth: float | None = None) -> None:
+    def __init__(self, upstream: str, latency: float = 0.020, bandwidth: float | None = None,
+                 control: bool = False) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         self._host, self._port = parsed.hostname, parsed.port or 80
-        self.latency, self.bandwidth, self.hang = latency, bandwidth, False
+        self.latency, self.bandwidth, self.hang, self.control = latency, bandwidth, False, control
         self.counts: collections.Counter = collections.Counter()
         self.in_flight = self.max_in_flight = 0
         self._inject: collections.deque = collections.deque()
@@ -165,3 +191,73 @@ class FaultProxy:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class ProxyProcess:
+    """A FaultProxy in a child process (see the module docstring): `pid` for its CPU time; `counts`
+    and `max_in_flight` read from it over HTTP."""
+
+    def __init__(self, upstream: str, latency: float = 0.020, bandwidth: float | None = None) -> None:
+        self._args = [upstream, str(latency), str(bandwidth or 0)]
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> ProxyProcess:
+        self.proc = subprocess.Popen([sys.executable, __file__, *self._args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        return self
+
+    def _state(self, what: str) -> dict:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", f"/__proxy__/{what}")
+            return json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+
+    @property
+    def counts(self) -> collections.Counter:
+        return collections.Counter(self._state("counts")["counts"])
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._state("counts")["max_in_flight"]
+
+    def reset_counts(self) -> None:
+        self._state("reset")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> ProxyProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":  # ProxyProcess's child: upstream latency bandwidth
+    _proxy = FaultProxy(sys.argv[1], float(sys.argv[2]), float(sys.argv[3]) or None, control=True).start()
+    print(_proxy.url.rsplit(":", 1)[1], flush=True)
+    sys.stdin.read()  # until the parent closes it (or dies)
+    _proxy.stop()
