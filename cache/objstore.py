@@ -34,7 +34,7 @@ import os
 import random
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, NamedTuple
 
@@ -300,18 +300,24 @@ class ObjectStore:
         rt = self._rt()
         return rt.run(self._read_all(rt, keys, return_errors))
 
-    def submit_many(self, keys: Sequence[str]) -> list:
+    def submit_many(self, keys: Sequence[str], on_attempts: Callable[[int], None] | None = None) -> list:
         """Start reading each object `keys[i]` now and return at once: one `concurrent.futures.Future`
         per key, whose result is the bytes or raises the SampleError naming the object's URL. All the
         reads of this process (every call) share one bound of `max_in_flight` requests in flight, so a
-        caller may decode what has arrived while the rest are still in flight."""
+        caller may decode what has arrived while the rest are still in flight. `on_attempts(n)` is
+        called once per key, on the store's thread and before its future completes, with the GET
+        requests it took (1 + its retries)."""
         rt = self._rt()
         if rt.sem is None:
             rt.sem = asyncio.Semaphore(self._config.max_in_flight)
-        return [asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, rt.sem, k), rt.loop) for k in keys]
+        return [asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, rt.sem, k, on_attempts), rt.loop)
+                for k in keys]
 
-    async def _read_or_raise(self, rt: _Runtime, sem: asyncio.Semaphore, key: str) -> bytes:
-        data = await self._read_one(rt, sem, key)
+    async def _read_or_raise(self, rt: _Runtime, sem: asyncio.Semaphore, key: str,
+                             on_attempts: Callable[[int], None] | None = None) -> bytes:
+        data, attempts = await self._read_counted(rt, sem, key)
+        if on_attempts is not None:
+            on_attempts(attempts)
         if isinstance(data, SampleError):
             raise data
         return data
@@ -350,12 +356,16 @@ class ObjectStore:
         return data
 
     async def _read_one(self, rt: _Runtime, sem: asyncio.Semaphore, key: str):
+        return (await self._read_counted(rt, sem, key))[0]
+
+    async def _read_counted(self, rt: _Runtime, sem: asyncio.Semaphore, key: str) -> tuple[Any, int]:
+        """(the bytes or the SampleError, the GET attempts made)."""
         data, err, attempts = await self._attempts(rt, sem, "gets", "cat_file", f"{self._root}/{key}")
         if err is not None:
-            return self._sample_error(key, err, attempts)
+            return self._sample_error(key, err, attempts), attempts
         self._counts["bytes"] += len(data)
         self._counts["objects"] += 1
-        return data
+        return data, attempts
 
     async def _read_all(self, rt: _Runtime, keys: list[str], return_errors: bool) -> list:
         sem = asyncio.Semaphore(self._config.max_in_flight)

@@ -62,7 +62,7 @@ def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futur
     if not items:
         return {}
     if ds.objects is not None:  # objects: one concurrent request per miss (datasets/sources.py)
-        return ds.objects.read_ahead(items)
+        return ds.objects.read_ahead(items, ds.counters)
     if _READERS is None or _READERS[0].forked():
         _READERS = (ForkGuard(), concurrent.futures.ThreadPoolExecutor(_READ_THREADS, "coordl-read"))
     pool, drop = _READERS[1], ds.drop_page_cache
@@ -192,7 +192,7 @@ class ImageFolder(CoordlDataset):
         path = self.manifest.path(i)
         try:
             if pending is None and self.objects is not None:
-                pending = self.objects.read_ahead([i])[i]
+                pending = self.objects.read_ahead([i], self.counters)[i]
             raw = storage.read_file(path, drop_page_cache=self.drop_page_cache) if pending is None \
                 else pending.result()
         except OSError as e:

@@ -7,6 +7,9 @@ does not care which one it has:
                                                    raises SampleError naming the file or URL
     source.read_many(items)  -> {item: bytes | SampleError}   the same, waited for
 
+`ObjectFiles.read_ahead(items, counters)` also counts each object's GET requests and retries into a
+loader's `storage_requests` / `storage_retries`.
+
 `LocalFiles` reads on a few threads per process (a page-cache read blocks one thread). `ObjectFiles`
 sends a batch's misses to the store at once (cache/objstore.py `ObjectStore.submit_many`: concurrent
 GETs, at most `max_in_flight` per process, retries with back-off, a timeout per request), so the
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeGuard
 
 from coordl.cache import storage
@@ -71,6 +74,13 @@ class LocalFiles:
         return _wait(self.read_ahead(items))
 
 
+def _counting(counters: Any) -> Callable[[int], None]:
+    def on_attempts(attempts: int) -> None:
+        counters.add(storage_requests=attempts, storage_retries=attempts - 1)
+
+    return on_attempts
+
+
 class ObjectFiles:
     """Items of a manifest as objects below its URL, read through `store` (an ObjectStore)."""
 
@@ -81,9 +91,13 @@ class ObjectFiles:
         """Item i's URL, credentials removed."""
         return self.store.url_of(self.manifest.relpath(i))
 
-    def read_ahead(self, items: Iterable[int]) -> dict[int, concurrent.futures.Future]:
+    def read_ahead(self, items: Iterable[int], counters: Any = None) -> dict[int, concurrent.futures.Future]:
+        """As LocalFiles.read_ahead; with `counters` (a loader's), each object's GET requests are
+        counted into ``storage_requests`` and its retries into ``storage_retries`` before its future
+        completes (so a batch's counts are in stats() when the batch is)."""
         items = list(items)
-        futures = self.store.submit_many([self.manifest.relpath(i) for i in items])
+        on_attempts = None if counters is None else _counting(counters)
+        futures = self.store.submit_many([self.manifest.relpath(i) for i in items], on_attempts)
         return dict(zip(items, futures))
 
     def read_many(self, items: Iterable[int]) -> dict[int, bytes | SampleError]:
