@@ -76,7 +76,8 @@ def shm_session_dir():
 SLOW_FOLDERS = ("integrations", "bench")
 SLOW_FILES = ("coordl/profiler/test_profile.py", "coordl/profiler/test_cli_profile.py", "coordl/test_demo.py",
               "objstore/test_objstore_faults.py", "objstore/test_imagefolder_s3.py", "objstore/test_cli_s3.py",
-              "objstore/test_webdataset_s3.py",
+              "objstore/test_webdataset_s3.py", "objstore/test_partitioned_s3.py", "objstore/test_storage_counts.py",
+              "objstore/test_integrations_s3.py", "objstore/test_bench_objstore.py",
               "pipelines/test_corrupt.py")
 SLOW_FIXTURES = {"serve", "sockdir", "shared_serve"}
 _TESTS = os.path.dirname(os.path.abspath(__file__))

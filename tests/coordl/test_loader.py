@@ -105,8 +105,8 @@ def test_counters_refuse_a_worker_they_have_no_row_for(tiny_root):
                        r"for num_workers=1: .* Pass num_workers<=1"):
         for _ in wider:
             pass
-    del wider
-    gc.collect()  # the iterator and its workers (the exception's traceback held them)
+    wider._shutdown_workers()  # torch's own iterator, held by the exception's traceback: stop its
+    del wider                  # workers now (left to the collector, torch waits 5 s for each)
     for bad in (-1, True, 1.5):
         with pytest.raises(coordl.ConfigError, match=f"num_workers={bad!r} must be an int >= 0"):
             Counters(bad)
