@@ -30,6 +30,7 @@ import torch
 from coordl.batch import PreparedBatch
 from coordl.buffers import new_shared
 from coordl.cache import storage
+from coordl.datasets.base import cached
 from coordl.datasets.imagefolder import _NO_COUNTERS, _ON_ERROR, CoordlDataset, _epoch_of
 from coordl.errors import ConfigError, SampleError
 from coordl.manifest.build import scan
@@ -130,16 +131,8 @@ class AudioFolder(CoordlDataset):
     # -- the two halves --
     def fetch(self, i: int) -> bytes | memoryview:
         """The encoded bytes of item i, from the cache when it holds them, else storage."""
-        cache = self.cache
-        if cache is not None:
-            if hasattr(cache, "get_many"):  # partitioned: the cache counts its own hits
-                hit = cache.get_many([i], self.counters).get(i)
-            else:
-                hit = cache.get(i)
-                self.counters.add(**({"cache_hits": 1} if hit is not None else {"cache_misses": 1}))
-            if hit is not None:
-                return hit
-        return self.read(i)
+        hit = cached(self.cache, [i], self.counters).get(i)
+        return hit if hit is not None else self.read(i)
 
     def read(self, i: int) -> bytes:
         """Item i from storage, counted and offered to the cache."""

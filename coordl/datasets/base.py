@@ -42,7 +42,7 @@ from __future__ import annotations
 import copy
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -95,6 +95,24 @@ def require_fingerprint(dataset: Any, what: str) -> str:
         f"it), and {name} {got}: define `@property def fingerprint(self) -> str` on {name}, e.g. "
         f"hashlib.sha256 of the item names, sizes and modification times (or of the bytes) .hexdigest(), "
         f"or leave {what} unset")
+
+
+def cached(cache: Any, items: Iterable[int], counters: Any) -> dict[int, Any]:
+    """{item: bytes} of the `items` that `cache` holds ({} without a cache), counted once here:
+    a partitioned cache (`get_many`) counts its own local/remote hits; a MinIO cache's hits and
+    misses are counted as cache_hits / cache_misses."""
+    if cache is None:
+        return {}
+    items = [int(i) for i in items]
+    if hasattr(cache, "get_many"):
+        return dict(cache.get_many(items, counters))
+    hits = {}
+    for i in items:
+        raw = cache.get(i)
+        if raw is not None:
+            hits[i] = raw
+    counters.add(cache_hits=len(hits), cache_misses=len(items) - len(hits))
+    return hits
 
 
 class CoordlDataset(torch.utils.data.Dataset):
@@ -211,16 +229,8 @@ class CoordlDataset(torch.utils.data.Dataset):
     def fetch(self, i: int) -> bytes | memoryview:
         """The encoded bytes of item i, from the cache when it holds them, else `read` (counted,
         and offered to the cache)."""
-        cache = self.cache
-        if cache is not None:
-            if hasattr(cache, "get_many"):  # partitioned: the cache counts its own hits
-                hit = cache.get_many([i], self.counters).get(i)
-            else:
-                hit = cache.get(i)
-                self.counters.add(**({"cache_hits": 1} if hit is not None else {"cache_misses": 1}))
-            if hit is not None:
-                return hit
-        return self._read(i)
+        hit = cached(self.cache, [i], self.counters).get(i)
+        return hit if hit is not None else self._read(i)
 
     def _read(self, i: int, pending: Any = None) -> bytes:
         """Item i from storage through `read`, counted and offered to the cache."""
@@ -239,15 +249,7 @@ class CoordlDataset(torch.utils.data.Dataset):
         items = list(dict.fromkeys(int(i) for i in items))
         if type(self).read is CoordlDataset.read and type(self).fetch is not CoordlDataset.fetch:
             return self._fetch_each(items)  # a subclass that wrote its own fetch instead of read
-        cache, hits = self.cache, {}
-        if cache is not None and hasattr(cache, "get_many"):  # partitioned: counts its own hits
-            hits = dict(cache.get_many(items, self.counters))
-        elif cache is not None:
-            for i in items:
-                raw = cache.get(i)
-                if raw is not None:
-                    hits[i] = raw
-            self.counters.add(cache_hits=len(hits), cache_misses=len(items) - len(hits))
+        hits = cached(self.cache, items, self.counters)
         misses = [i for i in items if i not in hits]
         if not misses:
             return hits, {}

@@ -38,7 +38,7 @@ from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
 from coordl.cache.forkguard import ForkGuard
 from coordl.datasets import sources
-from coordl.datasets.base import CoordlDataset, epoch_of
+from coordl.datasets.base import CoordlDataset, cached, epoch_of
 from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
 from coordl.errors import ConfigError, SampleError, at_item
 from coordl.loader.binding import NO_COUNTERS, NoCounters
@@ -277,7 +277,7 @@ class ImageFolder(CoordlDataset):
         """
         cache = self.cache
         hits = cache.get_many(indices, self.counters) if hasattr(cache, "get_many") else \
-            sources.cache_hits(cache, indices, self.counters) if self.objects is not None else None
+            cached(cache, indices, self.counters) if self.objects is not None else None
         # a partitioned cache's misses are read from storage by threads while the hits decode
         pending = {} if hits is None else _read_ahead(self, [int(i) for i in indices if int(i) not in hits])
         row = 0

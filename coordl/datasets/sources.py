@@ -111,22 +111,6 @@ class ObjectFiles:
         return f"ObjectFiles({self.store!r})"
 
 
-def cache_hits(cache: Any, items: Iterable[int], counters: Any) -> dict[int, Any]:
-    """{item: bytes} of the `items` a MinIO cache holds (None: no cache, nothing held), counting
-    cache_hits and cache_misses as `fetch` does."""
-    if cache is None:
-        return {}
-    hits, misses = {}, 0
-    for i in items:
-        raw = cache.get(int(i))
-        if raw is None:
-            misses += 1
-        else:
-            hits[int(i)] = raw
-    counters.add(cache_hits=len(hits), cache_misses=misses)
-    return hits
-
-
 def is_url(root: object) -> TypeGuard[str]:
     """Is `root` an fsspec URL (``scheme://...``, file:// aside) rather than a local path?"""
     from coordl.manifest import objects

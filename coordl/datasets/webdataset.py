@@ -40,6 +40,7 @@ import numpy as np
 
 from coordl.cache import tarindex
 from coordl.datasets import sources
+from coordl.datasets.base import cached
 from coordl.datasets.imagefolder import _ON_ERROR, _TRANSFORMS, ImageFolder, _check_size
 from coordl.datasets.onerror import sample_error, skip_or_raise
 from coordl.errors import ConfigError, DatasetError, SampleError, at_item
@@ -252,15 +253,7 @@ class WebDataset(ImageFolder):
         """(bytes per item, SampleError per item): hits from the cache, the misses from the shards
         with coalesced reads."""
         items = [int(i) for i in dict.fromkeys(int(i) for i in items)]
-        cache, hits = self.cache, {}
-        if cache is not None and hasattr(cache, "get_many"):  # partitioned: counts its own hits
-            hits = dict(cache.get_many(items, self.counters))
-        elif cache is not None:
-            for i in items:
-                raw = cache.get(i)
-                if raw is not None:
-                    hits[i] = raw
-            self.counters.add(cache_hits=len(hits), cache_misses=len(items) - len(hits))
+        hits = cached(self.cache, items, self.counters)
         data, errors = self._read_misses([i for i in items if i not in hits])
         hits.update(data)
         return hits, errors
