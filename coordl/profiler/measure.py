@@ -17,8 +17,12 @@
   run is the fallback where neither clock can be read.
 - cores busy: the CPU seconds of the training process and its workers over
   the timed steps over the timed seconds, both read inside the timed interval,
-  so it never exceeds the cores (a per-sample CPU times the rate did, when the
-  per-sample CPU was off).
+  so it does not exceed the cores (a per-sample CPU times the rate did, when the
+  per-sample CPU was off). Over a window of a few milliseconds (a handful of
+  synthetic batches) it can: the kernel's process-wide CPU clock of another
+  process may count a thread's slice up to a scheduler tick late, so a window
+  shorter than a few ticks reads up to a tick per process too much: such a
+  reading is reported as the cores available, the most that can be true.
 - `storage_bandwidth`: cold reads of whole files by 1..W threads; the files'
   pages are dropped before (``posix_fadvise(DONTNEED)``, no root needed) and
   after each read. `read_latency`: single cold reads, spaced out.
@@ -187,6 +191,8 @@ def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, step
         if first is not None and w1 is not None and w1[1] > first[1]:
             workers = (w1[0] - first[0]) / (w1[1] - first[1])
         busy = busy + (w1[0] - w0[0]) / (t1 - t0) if w0 is not None and w1 is not None else math.nan
+    # more than the cores is the process clocks' tick error over a window of a few ms (module doc)
+    busy = min(busy, float(len(os.sched_getaffinity(0)))) if busy == busy else busy
     return Timed(samples, t1 - t0, (c1 - c0) / samples, workers, {}, busy)
 
 

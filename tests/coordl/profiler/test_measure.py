@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import coordl
@@ -39,7 +41,9 @@ def test_train_rate_per_sample_cpu_of_the_workers():
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: next(ticks))
     # per item prepared from the first batch on (prefetching can leave few items to the timed steps)
     assert t.samples == 16 and t.cpu_children == 2.5 / 20
-    assert t.cores_busy >= 2.0 / t.seconds  # the workers' CPU over the timed steps, and the main's
+    # 2 s of the workers' CPU over a window of microseconds is more than the cores can do: such a
+    # reading (a clock's tick error over a short window, measure.py) is reported as the cores
+    assert t.cores_busy == len(os.sched_getaffinity(0))
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: None)
     assert t.cpu_children != t.cpu_children  # nan: unknown
     t = measure.train_rate(batches, None, 1, 4, 4, lambda: None, "t", False, children=lambda: (1.0, 8))

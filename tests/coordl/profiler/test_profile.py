@@ -184,7 +184,7 @@ def test_cores_busy_never_exceeds_the_cores(ds):
     m = r.measured
     runs = [m["profiled"], m["ingestion"], *m["prep_alone_by_workers"], *m["prep_cold_by_workers"],
             *m["train_cached_by_workers"]]
-    for run in runs:
+    for run in runs:  # a window of a few ms can read a tick too much: reported as the cores (measure.py)
         assert 0 < run["cores_busy"] <= cores, run
     assert 0 < m["cpu_cores_busy"] <= cores
     # the workers' CPU per item is read from the first batch on: never nan, never the whole-run fallback
