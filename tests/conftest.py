@@ -133,6 +133,19 @@ def manifest_cache(tmp_path_factory):
         os.environ["COORDL_MANIFEST_CACHE"] = old
 
 
+@pytest.fixture
+def dropped():
+    """Datasets appended here have their MinIO cache segment unlinked after the test, whatever
+    happens (a user dataset, or a loader's bound copy, loader.dataset, that holds the cache)."""
+    datasets: list = []
+    yield datasets
+    for ds in datasets:
+        name = shm.segment_name(ds.fingerprint)
+        if ds.cache is not None:
+            ds.cache.drop()
+        shm.unlink(os.path.join(shm.SHM_DIR, name))
+
+
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> str:
     """40 JPEGs, 4 classes, 160x120: fast to decode."""

@@ -69,6 +69,16 @@ def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futur
     return {i: pool.submit(storage.read_file, ds.manifest.path(i), drop) for i in items}
 
 
+def check_pipeline_args(transform: Any, size: Any, on_error: Any) -> int | tuple[int, int]:
+    """The image pipeline's arguments, shared by ImageFolder and WebDataset: ConfigError naming a
+    bad one; the size as `_check_size` normalises it."""
+    if isinstance(transform, str) and transform not in _TRANSFORMS:
+        raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
+    if on_error not in _ON_ERROR:
+        raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+    return _check_size(size)
+
+
 def _check_size(size: Any) -> int | tuple[int, int]:
     """`size` as ImageFolder keeps it: a positive int, or (height, width) of two when they differ."""
     def positive(v: Any) -> bool:  # a bool is not a size
@@ -128,11 +138,7 @@ class ImageFolder(CoordlDataset):
         storage_options: dict | None = None,
         max_in_flight: int = 32,
     ) -> None:
-        if isinstance(transform, str) and transform not in _TRANSFORMS:
-            raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
-        size = _check_size(size)
-        if on_error not in _ON_ERROR:
-            raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+        size = check_pipeline_args(transform, size, on_error)
         self.manifest, self.objects = sources.open_source(
             root, extensions, is_valid_file, on_error == "skip", rescan, manifest_cache, storage_options,
             max_in_flight) if sources.is_url(root) else (scan(

@@ -41,7 +41,7 @@ import numpy as np
 from coordl.cache import tarindex
 from coordl.datasets import sources
 from coordl.datasets.base import cached
-from coordl.datasets.imagefolder import _ON_ERROR, _TRANSFORMS, ImageFolder, _check_size
+from coordl.datasets.imagefolder import ImageFolder, check_pipeline_args
 from coordl.datasets.onerror import sample_error, skip_or_raise
 from coordl.errors import ConfigError, DatasetError, SampleError, at_item
 from coordl.manifest import store
@@ -159,11 +159,7 @@ class WebDataset(ImageFolder):
         storage_options: dict | None = None,
         max_in_flight: int = 32,
     ) -> None:
-        if isinstance(transform, str) and transform not in _TRANSFORMS:
-            raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
-        size = _check_size(size)
-        if on_error not in _ON_ERROR:
-            raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+        size = check_pipeline_args(transform, size, on_error)
         if isinstance(image_ext, str) or not image_ext:
             raise ConfigError(f"image_ext={image_ext!r} must be a non-empty sequence of extensions, "
                               "e.g. ('jpg', 'png')")

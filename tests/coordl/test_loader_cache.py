@@ -25,16 +25,6 @@ def own_root(tiny_root, tmp_path):
     return root
 
 
-@pytest.fixture
-def dropped():
-    """Datasets appended here have their cache segment unlinked after the test, whatever happens."""
-    datasets: list = []
-    yield datasets
-    for ds in datasets:  # user datasets, or a loader's bound copy (loader.dataset) that holds the cache
-        name = shm.segment_name(ds.fingerprint)
-        if ds.cache is not None:
-            ds.cache.drop()
-        shm.unlink(os.path.join(shm.SHM_DIR, name))
 
 
 def _epoch(loader) -> dict[str, int]:

@@ -14,23 +14,11 @@ import pytest
 import torch
 
 import coordl
-from coordl.cache import shm
 from coordl.errors import DatasetError, SampleError
 from coordl.manifest import objects
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from objstore_common import BUCKET, PREFIX, local_walk, make_s3_dataset, objstore_proxy, s3server  # noqa: E402
-
-
-@pytest.fixture
-def dropped():
-    """Datasets appended here have their MinIO segment unlinked after the test."""
-    datasets: list = []
-    yield datasets
-    for ds in datasets:
-        if ds.cache is not None:
-            ds.cache.drop()
-        shm.unlink(os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint)))
 
 
 def _batches(loader) -> list:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import coordl
-from coordl.cache import shm, tarindex
+from coordl.cache import tarindex
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from objstore_common import TESTS, objstore_proxy, s3server  # noqa: E402
@@ -70,15 +70,6 @@ def proxy(shards):
     p.stop()
 
 
-@pytest.fixture
-def dropped():
-    """Datasets appended here have their MinIO segment unlinked after the test."""
-    datasets: list = []
-    yield datasets
-    for ds in datasets:
-        if ds.cache is not None:
-            ds.cache.drop()
-        shm.unlink(os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint)))
 
 
 def _batches(loader) -> list:

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import coordl
-from coordl.cache import shm
 from coordl.pipelines import audio
 from coordl.pipelines.crop import item_rng
 
@@ -51,15 +50,6 @@ def audio_root(tmp_path) -> str:
     return str(root)
 
 
-@pytest.fixture
-def dropped():
-    """Datasets appended here have their cache segment unlinked after the test."""
-    datasets: list = []
-    yield datasets
-    for ds in datasets:
-        if ds.cache is not None:
-            ds.cache.drop()
-        shm.unlink(os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint)))
 
 
 def _soundfile_window(path: str, frames_offset: int, length: int) -> np.ndarray:

@@ -26,7 +26,6 @@ import pytest
 import torch
 
 import coordl
-from coordl.cache import shm
 from coordl.datasets.base import from_import_path
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")
@@ -58,15 +57,6 @@ def example(tmp_path_factory):
     del sys.modules["contract_example"]
 
 
-@pytest.fixture
-def dropped():
-    """Datasets appended here have their MinIO cache segment unlinked after the test."""
-    datasets: list = []
-    yield datasets
-    for ds in datasets:
-        if ds.cache is not None:
-            ds.cache.drop()
-        shm.unlink(os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint)))
 
 
 def _epoch(loader) -> dict[str, int]:

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import coordl
-from coordl.cache import shm, tarindex
+from coordl.cache import tarindex
 from coordl.manifest.build import scan
 
 PER_SHARD = 16
@@ -57,15 +57,6 @@ def shards(tiny_root, tmp_path):
     return write_shards(tiny_root, str(tmp_path / "shards"))
 
 
-@pytest.fixture
-def dropped():
-    """Datasets appended here have their cache segment unlinked after the test."""
-    datasets: list = []
-    yield datasets
-    for ds in datasets:
-        if ds.cache is not None:
-            ds.cache.drop()
-        shm.unlink(os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint)))
 
 
 def _batches(loader):
