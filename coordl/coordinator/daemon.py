@@ -147,12 +147,18 @@ class Daemon:
                 ready(self)
             self._loop()
         finally:
-            signal.set_wakeup_fd(-1)
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
-            self._shutdown(self.stop_reason or "the daemon failed")
-            wake_r.close()
-            wake_w.close()
+            # shut down while our handlers still catch SIGTERM/SIGINT: a signal that arrives
+            # now (a supervisor stopping a daemon that is already stopping by itself, after
+            # --epochs) only sets _signal; with the old (default) handlers back it would kill
+            # the daemon before it unlinks its ring
+            try:
+                self._shutdown(self.stop_reason or "the daemon failed")
+            finally:
+                signal.set_wakeup_fd(-1)
+                for sig, handler in old_handlers.items():
+                    signal.signal(sig, handler)
+                wake_r.close()
+                wake_w.close()
 
     def _on_signal(self, signum, frame) -> None:
         self._signal = signum

@@ -146,6 +146,29 @@ def test_sigterm_or_sigint_shuts_down_cleanly_and_tells_the_jobs(tiny_root, serv
     assert alive(served.workers) == []
 
 
+def test_signals_during_the_shutdown_never_leave_the_ring_behind(tiny_root, serve, jobs):
+    # a supervisor (or a test's teardown) may SIGTERM a daemon that is already stopping, by
+    # itself after --epochs or after a first signal: it must still unlink its ring and socket
+    # (seen in CI: the default handler came back before the ring was unlinked, and killed it)
+    served = serve(tiny_root, slots=3, workers=2)
+    job = jobs(tiny_root, served, epochs=1000, sleep=0.02)
+    job.wait_for("batch 0 1")
+    sent = 0
+    while served.proc.poll() is None:  # SIGTERM after SIGTERM until it exits: many land in
+        try:                           # the shutdown (reaping workers takes milliseconds)
+            os.kill(served.pid, signal.SIGTERM)
+            sent += 1
+        except ProcessLookupError:
+            break
+        time.sleep(0.0005)
+    served.wait()
+    assert sent > 1
+    assert served.segments_left() == [], served.log_text()
+    assert not os.path.exists(served.socket)
+    assert alive(served.workers) == []
+    assert "shutting down" in job.result(timeout=20)["error"]
+
+
 def test_sigterm_to_the_whole_process_group_is_a_shutdown_not_a_worker_death(tiny_root, serve, jobs):
     # systemd, `kill -- -PGID` and a detached daemon's session get SIGTERM to every process of
     # the group, prep workers included: the daemon decides, no worker is reported dead or replaced
