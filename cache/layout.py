@@ -10,7 +10,7 @@ Item i is cached when ``lengths[i] > 0``; its bytes are
 item whose bytes were found not to match their checksum: it is never served
 and never admitted again (a miss, read from storage, every time). The
 header's ``used`` is the end of the last reservation in the arena: it only
-grows. Nothing here is a Python object per item, so forked workers share
+grows, except when a dead writer's unpublished reservation is taken back (below). Nothing here is a Python object per item, so forked workers share
 every page.
 
 NOTE [publication without a reader lock, on any CPU]
@@ -36,8 +36,15 @@ entry, with nothing counted as corrupt. The header needs no more: its
 creator writes it before taking the attach lock and publishing the name, and
 every attacher takes the attach lock (the same inode's lock list, so the
 same kernel lock hand-over) before it reads the header.
-A writer killed between reserve and publish leaks its reservation; nothing
-can read it.
+A writer killed between reserve and publish leaves its reservation unpublished;
+nothing can read it, and the next writer takes the space back: before it
+reserves, a writer records ``pending_item`` (1 + i) and ``pending_used`` (the
+``used`` it found), and clears ``pending_item`` after it published. A writer
+that takes the lock and finds ``pending_item`` set knows its predecessor died
+holding it (the kernel released the lock): if ``lengths[i]`` is 0 the entry was
+never published and ``used`` goes back to ``pending_used``; if it is set, the
+entry was complete (the length is stored last) and stays. Segments made before
+these two fields existed read them as 0 (nothing pending).
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ HEADER = np.dtype([
     ("label", "S256"),         # what the dataset is, for humans (its root folder)
     ("pids", "<i8", (PID_SLOTS, 2)),  # (pid, start time) of attached processes; 0: free
     ("corrupt", "<i8"),        # items whose bytes did not match their checksum (under the lock)
+    ("pending_item", "<i8"),   # 1 + the item a writer is inserting (0: none); see NOTE below
+    ("pending_used", "<i8"),   # `used` before that writer's reservation
 ])
 CORRUPT = -1  # lengths[i] of an item found corrupt: never served, never admitted again
 INDEX_BYTES = 24  # per item: offset, length, checksum

@@ -24,8 +24,8 @@ NOTE [lifecycle of a cache segment]
   process, and is refused otherwise (NOTE [capacity]).
 - Who writes: any attached process, one at a time, under the writers' lock.
   SIGKILL while holding it: the kernel releases the lock; the entry being
-  written was reserved but never published, so no reader can see it (its
-  bytes are lost capacity).
+  written was reserved but never published, so no reader can see it, and
+  the next writer takes its space back (`cache.layout`'s NOTE).
 - Who unlinks: `drop()` / `coordl cache drop`, `coordl cleanup` for a segment
   whose creator is dead and to which no process is attached, and an opener
   of another capacity for a segment no living process is registered in.
@@ -43,8 +43,8 @@ NOTE [capacity: only what the dataset can use, memory as it fills]
 - The capacity is capped to the dataset's bytes (``open(dataset_bytes=)``,
   which ``coordl.DataLoader`` and ``coordl serve`` pass from the manifest): a
   64 GiB request over a 60 MB dataset makes a 60 MB arena. Items are packed
-  with no padding, so that is enough for every item (less a reservation
-  leaked by a writer killed mid-insert).
+  with no padding, so that is enough for every item (a writer killed
+  mid-insert leaks nothing: the next writer takes its reservation back).
 - Only the header and index are allocated at creation. The arena is a hole
   in the file (a tmpfs takes no page for it); `put` allocates the item's
   range (posix_fallocate) under the writers' lock before it reserves and
@@ -359,12 +359,26 @@ class MinIOCache:
             off = seg.used
             if seg.lengths[i] != 0 or off + n > seg.capacity or not self._allocate(seg, off, n):
                 return False
-            seg.head["used"] = off + n     # 1. reserve: a writer killed from here on leaks, never exposes
+            seg.head["pending_used"] = off  # 0. say what is being inserted (layout NOTE): a writer
+            seg.head["pending_item"] = i + 1  # killed from here on is undone by the next one
+            seg.head["used"] = off + n     # 1. reserve
             self._write(seg, off, raw)     # 2. copy the bytes
             seg.offsets[i] = off           # 3. publish: offset, checksum, then length
             seg.checksums[i] = checksum
             seg.lengths[i] = n
+            seg.head["pending_item"] = 0
         return True
+
+    @staticmethod
+    def _undo_dead_writer(seg: Segment) -> None:
+        """Under the writers' lock: a set `pending_item` means the last holder died mid-insert
+        (the kernel released its lock). Its reservation is taken back unless it had published
+        the entry (the length is stored last, so a published entry is complete)."""
+        pending = int(seg.head["pending_item"][0])
+        if pending:
+            if seg.lengths[pending - 1] == 0:
+                seg.head["used"] = seg.head["pending_used"][0]
+            seg.head["pending_item"] = 0
 
     def _allocate(self, seg: Segment, off: int, n: int) -> bool:
         """Allocate the arena's pages for [off, off + n) (NOTE [capacity]); False when the folder
@@ -393,6 +407,7 @@ class MinIOCache:
         with self._tlock:
             shm.lock_writer(seg.fd)
             try:
+                self._undo_dead_writer(seg)
                 yield seg
             finally:
                 shm.unlock_writer(seg.fd)

@@ -190,16 +190,30 @@ def test_sigkill_while_holding_the_lock_mid_insert_leaves_nothing_readable(new_c
     parent.recv()
     os.kill(p.pid, signal.SIGKILL)
     p.join(10)
-    assert cache._seg.used == len(files[0]) + len(files[1])   # its reservation is lost capacity...
-    assert cache.get(1) is None                                  # ...and never readable
+    assert cache._seg.used == len(files[0]) + len(files[1])   # its reservation is still there...
+    assert cache.get(1) is None                                  # ...never readable
     probe = os.open(cache.path, os.O_RDWR)
     try:
         shm._lock(probe, shm.fcntl.F_OFD_SETLK, shm.fcntl.F_WRLCK, 0)  # not stuck: free at once
     finally:
         os.close(probe)
     for i in range(1, len(files)):
-        cache.put(i, files[i])
-    assert _check_entries(cache, lambda i: files[i]) == len(files) - 1  # all fit but the leaked space
+        cache.put(i, files[i])  # the first put takes the dead writer's reservation back
+    assert _check_entries(cache, lambda i: files[i]) == len(files)  # so every item fits
+    assert cache._seg.used == sum(map(len, files)) == cache._seg.capacity
+    assert cache._seg.field("pending_item") == 0
+
+
+def test_a_writer_killed_after_it_published_keeps_its_entry(new_cache):
+    # the state a writer killed between storing the length and clearing pending_item leaves
+    cache = new_cache(10_000, 4)
+    assert cache.put(0, _item(0)) and cache.put(1, _item(1))
+    seg = cache._seg
+    seg.head["pending_item"], seg.head["pending_used"] = 2, len(_item(0))  # item 1 was pending
+    assert cache.put(2, _item(2))
+    assert seg.field("pending_item") == 0
+    assert _check_entries(cache, _item) == 3  # item 1 kept, item 2 after it, no overlap
+    assert seg.used == sum(len(_item(i)) for i in range(3))
 
 
 def _insert_loop(cache: MinIOCache, paths: list[str], conn) -> None:
@@ -232,7 +246,7 @@ def test_sigkill_at_random_moments_never_serves_a_half_written_item(new_cache, t
         # the writers' lock is free: the parent finishes the job
         for i, path in enumerate(paths):
             cache.put(i, files[path])
-        assert _check_entries(cache, lambda i: files[paths[i]]) >= n
+        assert n <= _check_entries(cache, lambda i: files[paths[i]]) == len(paths)  # nothing leaked
         cache.drop()
     assert killed_mid > 0, "no child was killed before it finished: the test proved nothing"
 
