@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -73,3 +74,36 @@ def test_lightning_over_s3_gives_the_local_batches_and_resumes_mid_epoch(moto_se
     ckpt = str(tmp_path / "full" / "ckpt" / "step=3.ckpt")
     resumed = _lightning("s3://lids/train", tmp_path / "resumed", env, "0", ckpt)
     assert resumed == full[3:]
+
+
+def test_accelerate_two_ranks_under_torchrun_over_s3_match_the_local_copy(moto_server, tmp_path):
+    """Two DDP ranks (torchrun, gloo) over s3:// read what two ranks over the local copy read:
+    the same items per rank and epoch and the same bytes, each sample one GET (no cache)."""
+    pytest.importorskip("accelerate")
+    root = str(tmp_path / "ids")
+    make_dataset(root, images=30, classes=30, size=(64, 48), quality=85, seed=4, workers=1, progress=False)
+    s3server.upload_folder(moto_server, "ids2", root, "train")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", AWS_ENDPOINT_URL=moto_server.url,
+               AWS_ACCESS_KEY_ID=s3server.TEST_KEY, AWS_SECRET_ACCESS_KEY=s3server.TEST_SECRET,
+               AWS_DEFAULT_REGION=s3server.REGION)
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    records = {}
+    for side, where in (("s3", "s3://ids2/train"), ("local", root)):
+        out = tmp_path / side
+        out.mkdir()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.run([torchrun, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
+                               JOB, where, str(out), "2"], capture_output=True, text=True, env=env, timeout=400)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        records[side] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for s3rank, local in zip(records["s3"], records["local"]):
+        assert s3rank["world"] == 2
+        assert s3rank["epochs"] == local["epochs"] and s3rank["digests"] == local["digests"]
+        assert [len(ids) for ids in s3rank["epochs"]] == [16, 16]  # 30 items, 2 ranks, batches of 4
+        first, second = s3rank["stats"]
+        assert (first["storage_requests"], second["storage_requests"]) == (16, 32)  # one GET a sample
+        assert local["stats"][-1]["storage_requests"] == 0  # a local folder makes no requests
+    for epoch in range(2):
+        assert set(records["s3"][0]["epochs"][epoch]) | set(records["s3"][1]["epochs"][epoch]) == set(range(30))
