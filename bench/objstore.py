@@ -1,10 +1,25 @@
-"""Object-store fetch throughput: coordl's concurrent read_many vs one GET at a time (skeleton).
+"""Object-store fetch throughput: coordl's concurrent read_many vs one GET at a time, and whole loaders.
 
-    .venv/bin/python bench/objstore.py --images 400 --latency 0.020 [--bandwidth BYTES_PER_S]
+    .venv/bin/python bench/objstore.py --images 400 --latency 0.020 [--bandwidth BYTES_PER_S] [--server moto]
+    .venv/bin/python bench/objstore.py --loaders --images 400 --latency 0.020 --batch 32 --workers 2
 
 Starts a moto S3 server (tests/s3server.py) on a free loopback port, uploads a synthetic JPEG
-ImageFolder (coordl.cli.make_dataset), and puts bench/lib/objstore_proxy.FaultProxy in front of it, which
-waits `--latency` per request (a remote store's round trip). Then, on the same objects:
+ImageFolder (coordl.cli.make_dataset) to it, and puts a proxy in a process of its own in front of it
+that waits `--latency` before it answers each request (a remote store's round trip) and paces each
+response body at `--bandwidth` bytes/s per connection (if given). What answers behind the proxy
+(`--server`):
+- `static` (default): GetObject (whole and Range) and HeadObject of the uploaded objects are answered
+  by the proxy itself from the uploaded folder, with moto's own ETag, Last-Modified and Size
+  (bench/lib/objstore_static.py; its docstring says what is and is not emulated); listings and
+  everything else go to moto. A GET then costs the machine ~0.2 ms of CPU in the proxy instead of
+  ~3-4 ms in moto and the old proxy, so the loaders keep the cores, as against a remote store;
+- `moto`: every request forwarded to moto (bench/lib/objstore_proxy.ProxyProcess), as before.
+Every line gives CPU seconds per side (bench/lib/cpu_sides.py: user + system of the processes and
+their children, before/after each run or timed epoch): `loader` (this process: the client, the
+DataLoader's workers), `server` (moto) and `proxy`; server + proxy is the emulated store, the
+bench's own overhead on this machine (on a real store that CPU is elsewhere): subtract it.
+
+Without `--loaders`, on the same objects:
 - `coordl read_many`: cache/objstore.ObjectStore.read_many over all keys in batches of `--batch`,
   at most `--in-flight` GETs at once;
 - `one GET at a time`: s3fs's `open(...).read()` per object, in order, what a torch Dataset that
@@ -13,16 +28,15 @@ Prints objects/s of each and their ratio; GETs are counted at the proxy so a run
 nothing cannot pass for a fast one.
 
 With `--loaders`, whole loaders on the same files instead (train transform, `--workers` workers,
-`--batch` images per batch, one warm-up epoch, then `--epochs` timed epochs each, images/s median):
+`--batch` images per batch, one warm-up epoch, then `--epochs` timed epochs each, images/s median,
+CPU the mean of the timed epochs, GETs and requests reaching moto per epoch, warm-up first):
 - `coordl s3`: coordl.DataLoader(coordl.ImageFolder("s3://...", storage_options=...)) through the proxy;
 - `coordl local`: the same over the local folder the objects were uploaded from;
 - `torch s3fs`: torch.utils.data.DataLoader over a torchvision-style Dataset whose __getitem__ opens
   its object with s3fs, decodes with PIL and crops/flips (what a user writes; no torchvision here,
   so RandomResizedCrop's sampling is written out);
-- `coordl s3 + MinIO f=0.5`: GETs per epoch (counted at the proxy) with a cache of half the bytes.
-The proxy runs in a process of its own there (`ProxyProcess`), and each loader's line gives the CPU
-seconds per epoch (user + system, from /proc/<pid>/stat) of the moto server, the proxy, this
-process and the loader's worker processes: on 2 cores the emulated store competes with the loaders.
+- `coordl s3 MinIO f=0.5`: coordl s3 with a MinIO cache of half the bytes (later epochs GET the rest).
+COORDL_S3_CLIENT in the environment picks coordl's S3 client (printed in the header line).
 
 With `--listing N`, the listing of N tiny objects instead (`--classes` default: N / 1281, ImageNet's
 images per class, so each class prefix takes the same two LIST pages of 1000 keys as ImageNet's):
@@ -44,7 +58,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from lib.cpu_sides import SIDES, Sides  # noqa: E402
 from lib.objstore_proxy import FaultProxy, ProxyProcess  # noqa: E402
+from lib.objstore_static import StaticProxyProcess, build_index  # noqa: E402
+
+SERVERS = {"static": "GET/HEAD of objects answered by the proxy from the uploaded folder, the rest by moto",
+           "moto": "every request forwarded by the proxy to moto"}
 
 # tests/s3server.py by its file: tests/ on sys.path would make tests/coordl/ a namespace package `coordl`
 _spec = importlib.util.spec_from_file_location("s3server", os.path.join(os.path.dirname(HERE), "tests", "s3server.py"))
@@ -114,22 +133,38 @@ class S3fsImages:
         return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1), self.labels[i]
 
 
-def _epochs(loader, n: int) -> list[float]:
-    """Images/s of each of n epochs, after one warm-up epoch."""
-    rates = []
-    for e in range(n + 1):
-        t0, seen = time.perf_counter(), 0
+def _epochs(loader, n: int, sides: Sides, proxy) -> list[dict]:
+    """Per epoch (a warm-up first, not timed: worker start-up, first reads, then n timed):
+    images/s, CPU seconds per side ({"server", "proxy", "loader"}) and the proxy's requests by method."""
+    out = []
+    for _ in range(n + 1):
+        proxy.reset_counts()
+        before, t0, seen = sides.snapshot(), time.perf_counter(), 0
         for images, _ in loader:
             seen += len(images)
-        if e:
-            rates.append(seen / (time.perf_counter() - t0))
-    return rates
+        out.append({"images_per_s": seen / (time.perf_counter() - t0), "cpu_s": sides.since(before),
+                    "requests": dict(proxy.counts),
+                    "to_moto": proxy.routes["moto"] if hasattr(proxy, "routes") else sum(proxy.counts.values())})
+    return out
+
+
+def _summary(epochs: list[dict], images: int) -> dict:
+    """Medians of the timed epochs' rates, means of their CPU; requests of every epoch."""
+    import statistics
+
+    timed = epochs[1:]
+    cpu = {side: statistics.fmean(e["cpu_s"][side] for e in timed) for side in SIDES}
+    requests = statistics.fmean(sum(e["requests"].values()) for e in timed)
+    return {"images_per_s": statistics.median(e["images_per_s"] for e in timed),
+            "epochs": [e["images_per_s"] for e in timed], "gets": [e["requests"].get("GET", 0) for e in epochs],
+            "to_moto": [e["to_moto"] for e in epochs],
+            "requests_per_epoch": requests, "cpu_s_per_epoch": cpu,
+            "loader_ms_per_image": cpu["loader"] / images * 1000,
+            "store_ms_per_request": (cpu["server"] + cpu["proxy"]) / requests * 1000 if requests else 0.0,
+            "per_epoch": epochs}
 
 
 def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
-    import statistics
-
-    import psutil
     import torch
 
     import coordl
@@ -137,61 +172,47 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
     opts = server.options() | {"endpoint_url": proxy.url}
     url = "s3://bench/train"
     common = {"batch_size": args.batch, "shuffle": True, "num_workers": args.workers, "persistent_workers": True}
+
+    def s3(**kw):
+        ds = coordl.ImageFolder(url, storage_options=opts, max_in_flight=args.in_flight)
+        return coordl.DataLoader(ds, **kw, **common)
+
+    half = sum(os.path.getsize(os.path.join(root, k)) for k in keys) // 2
     runs = {
-        "coordl s3": lambda: coordl.DataLoader(coordl.ImageFolder(url, storage_options=opts,
-                                                                  max_in_flight=args.in_flight), **common),
+        "coordl s3": s3,
         "coordl local": lambda: coordl.DataLoader(coordl.ImageFolder(root), **common),
         "torch s3fs": lambda: torch.utils.data.DataLoader(S3fsImages(url, opts, keys), **common),
+        "coordl s3 MinIO f=0.5": lambda: s3(cache=half),
     }
     results = {}
-    me = psutil.Process()
-    others = {"moto": psutil.Process(server.proc.pid), "proxy": psutil.Process(proxy.pid)}
-
-    def cpu(p) -> float:  # user + system seconds (/proc/<pid>/stat)
-        t = p.cpu_times()
-        return t.user + t.system
-
+    sides = Sides(server=server.proc.pid, proxy=proxy.pid)
     for name, make in runs.items():
         loader = make()
-        proxy.reset_counts()
-        c0 = {k: cpu(p) for k, p in [*others.items(), ("main", me)]}
-        rates = _epochs(loader, args.epochs)
-        epochs = args.epochs + 1
-        used = {k: (cpu(p) - c0[k]) / epochs for k, p in [*others.items(), ("main", me)]}
-        workers = [c for c in me.children(recursive=True) if c.pid not in (server.proc.pid, proxy.pid)]
-        used["workers"] = sum(cpu(c) for c in workers) / epochs  # persistent: their whole life is these epochs
-        results[name] = {"images_per_s": statistics.median(rates), "epochs": rates,
-                         "gets_per_epoch": proxy.counts["GET"] / epochs, "cpu_s_per_epoch": used,
-                         "store_cpu_s_per_epoch": used["moto"] + used["proxy"]}
-        del loader
-        gc.collect()  # its workers end now, not during the next loader's run
-    ds = coordl.ImageFolder(url, storage_options=opts, max_in_flight=args.in_flight)
-    loader = coordl.DataLoader(ds, cache=ds.manifest.total_bytes // 2, **common)
-    gets = []
-    try:
-        for _ in range(3):
-            proxy.reset_counts()
-            for _ in loader:
-                pass
-            gets.append(proxy.counts["GET"])
-    finally:
-        loader.dataset.cache.drop()
-        del loader
-    results["coordl s3 + MinIO f=0.5"] = {"gets_per_epoch": gets}
+        try:
+            results[name] = _summary(_epochs(loader, args.epochs, sides, proxy), len(keys))
+        finally:
+            if getattr(loader.dataset, "cache", None) is not None:
+                loader.dataset.cache.drop()
+            del loader
+            gc.collect()  # its workers end now, not during the next loader's run
     s3_rate = results["coordl s3"]["images_per_s"]
     ratios = {"s3 / local": s3_rate / results["coordl local"]["images_per_s"],
               "s3 / torch s3fs": s3_rate / results["torch s3fs"]["images_per_s"]}
-    print(f"{len(keys)} images, latency {args.latency * 1000:.0f} ms, {args.workers} workers, "
-          f"batch {args.batch}, in flight {args.in_flight}, cpus {len(os.sched_getaffinity(0))}, "
-          f"{args.epochs} timed epochs after 1 warm-up")
+    print(f"{len(keys)} images, latency {args.latency * 1000:.0f} ms"
+          f"{'' if not args.bandwidth else f', {args.bandwidth / 1e6:.0f} MB/s per connection'}, "
+          f"{args.workers} workers, batch {args.batch}, in flight {args.in_flight}, cpus "
+          f"{len(os.sched_getaffinity(0))}, {args.epochs} timed epochs after 1 warm-up; server {args.server} "
+          f"({SERVERS[args.server]}); S3 client {os.environ.get('COORDL_S3_CLIENT', 'default')}")
     for name, r in results.items():
-        if "images_per_s" in r:
-            epochs = ", ".join(f"{x:.0f}" for x in r["epochs"])
-            used = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_s_per_epoch"].items())
-            print(f"  {name:14s} {r['images_per_s']:8.1f} images/s  (epochs {epochs}; "
-                  f"{r['gets_per_epoch']:.0f} GETs/epoch; CPU s/epoch: {used})")
-    print(f"  MinIO f=0.5 over s3: GETs per epoch {gets} (of {len(keys)} objects)")
+        epochs = ", ".join(f"{x:.0f}" for x in r["epochs"])
+        used = r["cpu_s_per_epoch"]
+        print(f"  {name:21s} {r['images_per_s']:7.1f} images/s (epochs {epochs}); GETs per epoch {r['gets']}, "
+              f"requests to moto {r['to_moto']}; "
+              f"CPU s/epoch: loader {used['loader']:.2f} ({r['loader_ms_per_image']:.2f} ms/image), "
+              f"store {used['server'] + used['proxy']:.2f} = server {used['server']:.2f} + proxy {used['proxy']:.2f}"
+              f" ({r['store_ms_per_request']:.2f} ms/request)")
     print("  ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    print("  store = the emulated remote store (server + proxy): the bench's own overhead on this machine, to subtract")
     return {"results": results, "ratios": ratios}
 
 
@@ -280,6 +301,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--loaders", action="store_true", help="compare whole loaders (see the docstring)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per loader (--loaders)")
+    ap.add_argument("--server", choices=sorted(SERVERS), default="static",
+                    help="static: " + SERVERS["static"] + " (default); moto: " + SERVERS["moto"])
     ap.add_argument("--listing", type=int, default=0, metavar="N", help="time the listing of N objects instead")
     args = ap.parse_args(argv)
     args.classes_given = args.classes is not None
@@ -298,38 +321,54 @@ def main(argv: list[str] | None = None) -> dict:
         root = os.path.join(tmp, "train")
         nbytes = make_dataset(root, images=args.images, classes=args.classes, size=(w, h), workers=1, progress=False)
         server = MotoServer().start()
-        # --loaders: the proxy in a process of its own, so its CPU is measured apart from the loaders'
-        proxy_cls = ProxyProcess if args.loaders else FaultProxy
-        proxy = proxy_cls(server.url, latency=args.latency, bandwidth=args.bandwidth).start()
+        proxy = None
         try:
             keys = upload_folder(server, "bench", root, "train")
+            # the proxy in a process of its own, so its CPU is measured apart from the client's
+            if args.server == "static":
+                index = build_index(server.client(), "bench", "train", root)
+                proxy = StaticProxyProcess(server.url, index, latency=args.latency, bandwidth=args.bandwidth).start()
+            else:
+                proxy = ProxyProcess(server.url, latency=args.latency, bandwidth=args.bandwidth).start()
             if args.loaders:
                 return loaders(args, root, server, proxy, keys)
-            options = server.options() | {"endpoint_url": proxy.url}
-            store = ObjectStore.from_url("s3://bench/train", options, max_in_flight=args.in_flight)
-            results = {}
-            for name, run in (("coordl read_many", lambda: _coordl(store, keys, args.batch)),
-                              ("one GET at a time", lambda: _one_at_a_time("bench/train", options, keys))):
-                proxy.reset_counts()
-                t0 = time.perf_counter()
-                got = run()
-                dt = time.perf_counter() - t0
-                if got != nbytes or proxy.counts["GET"] < len(keys):
-                    gets = proxy.counts["GET"]
-                    raise SystemExit(f"{name}: read {got} of {nbytes} bytes with {gets} GETs: broken run")
-                results[name] = {"objects_per_s": len(keys) / dt, "seconds": dt, "gets": proxy.counts["GET"],
-                                 "heads": proxy.counts["HEAD"]}
-            store.close()
+            return objects(args, server, proxy, keys, nbytes)
         finally:
-            proxy.stop()
+            if proxy is not None:
+                proxy.stop()
             server.stop()
+
+
+def objects(args, server, proxy, keys: list[str], nbytes: int) -> dict:
+    """coordl's read_many against one GET at a time, on the same objects (the module docstring)."""
+    options = server.options() | {"endpoint_url": proxy.url}
+    store = ObjectStore.from_url("s3://bench/train", options, max_in_flight=args.in_flight)
+    sides = Sides(server=server.proc.pid, proxy=proxy.pid)
+    results = {}
+    for name, run in (("coordl read_many", lambda: _coordl(store, keys, args.batch)),
+                      ("one GET at a time", lambda: _one_at_a_time("bench/train", options, keys))):
+        proxy.reset_counts()
+        before, t0 = sides.snapshot(), time.perf_counter()
+        got = run()
+        dt = time.perf_counter() - t0
+        cpu, counts = sides.since(before), proxy.counts
+        if got != nbytes or counts["GET"] < len(keys):
+            raise SystemExit(f"{name}: read {got} of {nbytes} bytes with {counts['GET']} GETs: broken run")
+        requests = sum(counts.values())
+        results[name] = {"objects_per_s": len(keys) / dt, "seconds": dt, "gets": counts["GET"],
+                         "heads": counts["HEAD"], "cpu_s": cpu,
+                         "cpu_ms_per_request": {side: cpu[side] / requests * 1000 for side in SIDES}}
+    store.close()
     ratio = results["coordl read_many"]["objects_per_s"] / results["one GET at a time"]["objects_per_s"]
     print(f"{args.images} objects of {nbytes / args.images / 1024:.0f} KiB, latency {args.latency * 1000:.0f} ms"
           f"{'' if not args.bandwidth else f', {args.bandwidth / 1e6:.0f} MB/s per connection'}, "
-          f"in flight {args.in_flight}, cpus {os.cpu_count()}")
+          f"in flight {args.in_flight}, cpus {len(os.sched_getaffinity(0))}; server {args.server} "
+          f"({SERVERS[args.server]}); S3 client {os.environ.get('COORDL_S3_CLIENT', 'default')}")
     for name, r in results.items():
+        ms = r["cpu_ms_per_request"]
         print(f"  {name:18s} {r['objects_per_s']:8.1f} objects/s  ({r['seconds']:.2f} s, {r['gets']} GETs, "
-              f"{r['heads']} HEADs)")
+              f"{r['heads']} HEADs; CPU ms per request: client {ms['loader']:.2f}, server {ms['server']:.2f}, "
+              f"proxy {ms['proxy']:.2f})")
     print(f"  ratio: {ratio:.1f}x")
     return {"results": results, "ratio": ratio}
 

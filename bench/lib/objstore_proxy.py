@@ -197,6 +197,8 @@ class ProxyProcess:
     """A FaultProxy in a child process (see the module docstring): `pid` for its CPU time; `counts`
     and `max_in_flight` read from it over HTTP."""
 
+    script = __file__  # what the child runs: `script upstream latency bandwidth [more args]`
+
     def __init__(self, upstream: str, latency: float = 0.020, bandwidth: float | None = None) -> None:
         self._args = [upstream, str(latency), str(bandwidth or 0)]
         self.proc: subprocess.Popen | None = None
@@ -212,7 +214,7 @@ class ProxyProcess:
         return self.proc.pid
 
     def start(self) -> ProxyProcess:
-        self.proc = subprocess.Popen([sys.executable, __file__, *self._args], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, self.script, *self._args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
