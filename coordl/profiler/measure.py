@@ -23,8 +23,12 @@
   process may count a thread's slice up to a scheduler tick late, so a window
   shorter than a few ticks reads up to a tick per process too much: such a
   reading is reported as the cores available, the most that can be true.
-- `storage_bandwidth`: cold reads of whole files by 1..W threads; the files'
-  pages are dropped before (``posix_fadvise(DONTNEED)``, no root needed) and
+- `synthetic_batches`: batches in memory exactly like the loader's (one real
+  batch's structure, shapes, dtypes and memory layout; its rows reordered), so
+  the ingestion run assumes nothing about images, audio or a user's samples.
+- `storage_bandwidth`: cold reads of items by 1..W threads through the dataset's
+  own fetch (items.py `ItemReads`); the items' pages are dropped before
+  (``posix_fadvise(DONTNEED)``, no root needed, where the storage allows it) and
   after each read. `read_latency`: single cold reads, spaced out.
 - `memory_bandwidth`: copies of every item out of the MinIO cache.
 """
@@ -37,15 +41,16 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
-from coordl.cache import storage
 from coordl.errors import ConfigError
+
+from .items import ItemReads
 
 
 class TrainStepError(ConfigError):
@@ -66,6 +71,7 @@ class Timed:
     cpu_children: float
     stats: dict
     cores_busy: float = math.nan
+    batches: int = 0  # timed batches (warm-up excluded)
 
     @property
     def rate(self) -> float:
@@ -95,18 +101,40 @@ def check_output(out) -> None:
         "the loss tensor (e.g. `return loss.detach()`), so the profiler times steps that ran")
 
 
+def describe(batch) -> str:
+    """A batch's structure with each tensor's dtype and shape: ``[uint8 (4, 3, 32, 32), int64 (4,)]``."""
+    if isinstance(batch, torch.Tensor):
+        return f"{str(batch.dtype).removeprefix('torch.')} {tuple(batch.shape)}"
+    if isinstance(batch, dict):
+        return "{" + ", ".join(f"{k!r}: {describe(v)}" for k, v in batch.items()) + "}"
+    if isinstance(batch, (list, tuple)):
+        inner = ", ".join(describe(v) for v in batch)
+        return f"[{inner}]" if isinstance(batch, list) else f"({inner})"
+    return type(batch).__name__
+
+
+def rows(batch) -> int | None:
+    """The samples in a batch: the first dimension of its first tensor (None: no tensor in it)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for v in values:
+        n = rows(v)
+        if n is not None:
+            return n
+    return None
+
+
 def _call(train_step: Callable, batch, first: bool):
     try:
         out = train_step(batch)
     except TrainStepError:
         raise
     except Exception as e:
-        shape = tuple(batch[0].shape) if isinstance(batch, (list, tuple)) and batch and \
-            isinstance(batch[0], torch.Tensor) else type(batch).__name__
         raise TrainStepError(
-            f"the train step raised {type(e).__name__}: {e} (on a batch of images {shape}): fix the "
-            "model or train step so it runs on a [uint8 images (B, 3, H, W), int64 labels] batch, "
-            "or pick a built-in one (--model)") from e
+            f"the train step raised {type(e).__name__}: {e} (on a batch {describe(batch)}): fix the "
+            "model or train step so it runs on the loader's batches (that structure, those dtypes and "
+            "shapes), or pick a built-in one (--model)") from e
     if first:
         check_output(out)
     return out
@@ -170,7 +198,8 @@ def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, step
             if train_step is not None:
                 _call(train_step, batch, first=k == 0)
             if k >= warmup:
-                samples += len(batch[1]) if isinstance(batch, (list, tuple)) and len(batch) > 1 else batch_size
+                n = rows(batch)
+                samples += batch_size if n is None else n
             bar.update()
             if k + 1 == warmup + steps:
                 break
@@ -193,19 +222,36 @@ def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, step
         busy = busy + (w1[0] - w0[0]) / (t1 - t0) if w0 is not None and w1 is not None else math.nan
     # more than the cores is the process clocks' tick error over a window of a few ms (module doc)
     busy = min(busy, float(len(os.sched_getaffinity(0)))) if busy == busy else busy
-    return Timed(samples, t1 - t0, (c1 - c0) / samples, workers, {}, busy)
+    return Timed(samples, t1 - t0, (c1 - c0) / samples, workers, {}, busy, steps)
 
 
-def synthetic_batches(sample_shape: Sequence[int], num_classes: int, batch_size: int,
-                      seed: int = 0) -> list:
-    """Two batches shaped like the loader's (uint8 channels_last images, int64 labels), in memory."""
+def synthetic_batches(example, n: int = 2, seed: int = 0) -> list:
+    """`n` batches in memory like `example` (one real batch the loader gave): the same structure
+    (lists, tuples, dicts), every tensor of the same shape, dtype and memory layout (channels_last
+    images stay so), its rows in a random order per batch. Values are real ones, so labels are
+    valid classes and a float waveform or a user's field is what the model gets in training."""
     g = torch.Generator().manual_seed(seed)
+    size = rows(example)
     out = []
-    for _ in range(2):
-        images = torch.randint(0, 256, (batch_size, *sample_shape), dtype=torch.uint8, generator=g)
-        labels = torch.randint(0, max(num_classes, 1), (batch_size,), generator=g)
-        out.append([images.contiguous(memory_format=torch.channels_last), labels])
+    for _ in range(n):
+        order = torch.randperm(size, generator=g) if size else None
+        out.append(_reordered(example, order))
     return out
+
+
+def _reordered(x, order: torch.Tensor | None):
+    if isinstance(x, torch.Tensor):
+        y = torch.empty_like(x)  # strides preserved (torch.preserve_format)
+        y.copy_(x[order] if order is not None and x.dim() and x.shape[0] == len(order) else x)
+        return y
+    if isinstance(x, dict):
+        return {k: _reordered(v, order) for k, v in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple
+        return type(x)(*(_reordered(v, order) for v in x))
+    if isinstance(x, (list, tuple)):
+        items = [_reordered(v, order) for v in x]
+        return items if isinstance(x, list) else tuple(items)
+    return copy.deepcopy(x)
 
 
 def cycle(items: list, n: int) -> Iterable:
@@ -237,47 +283,52 @@ def loader_rate(dataset, items: list[int], batch_size: int, workers: int, cache,
         del it
     children = timed.cpu_children if not math.isnan(timed.cpu_children) else \
         (_cpu(resource.RUSAGE_CHILDREN) - children0) / len(items)
-    return Timed(timed.samples, timed.seconds, timed.cpu_self, children, loader.stats(), timed.cores_busy)
+    return Timed(timed.samples, timed.seconds, timed.cpu_self, children, loader.stats(), timed.cores_busy,
+                 timed.batches)
 
 
-def storage_bandwidth(paths: list[str], readers: int, storage=storage) -> tuple[float, float]:
-    """(bytes/s, CPU seconds per file) of cold whole-file reads of `paths` by `readers` threads
-    at once (`storage`: what reads them, coordl/datasets/sources.py storage_of)."""
-    storage.evict(paths)
+def storage_bandwidth(items: list[int], readers: int, storage: ItemReads) -> tuple[float, float]:
+    """(bytes/s, CPU seconds per item) of cold reads of `items`, one item a read, by `readers`
+    threads at once (`storage`: the dataset's reads, items.py)."""
+    storage.evict(items)
     c0 = _cpu(resource.RUSAGE_SELF)
     total = 0
     lock = threading.Lock()
 
-    def read(p: str) -> None:
+    def read(i: int) -> None:
         nonlocal total
-        n = len(storage.read_file(p, drop_page_cache=True))
+        n = len(storage.read(i) or b"")
         with lock:
             total += n
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=readers) as pool:
-        list(pool.map(read, paths))
-    return total / (time.perf_counter() - t0), (_cpu(resource.RUSAGE_SELF) - c0) / len(paths)
+        list(pool.map(read, items))
+    return total / (time.perf_counter() - t0), (_cpu(resource.RUSAGE_SELF) - c0) / len(items)
 
 
-def read_latency(paths: list[str], gap: float = 0.02, storage=storage) -> float:
-    """Median seconds of one cold whole-file read, the reads `gap` seconds apart (an idle storage)."""
-    storage.evict(paths)
+def read_latency(items: list[int], storage: ItemReads, gap: float = 0.02) -> float:
+    """Median seconds of one cold read of an item, the reads `gap` seconds apart (an idle storage)."""
+    storage.evict(items)
     times = []
-    for p in paths:
+    for i in items:
         time.sleep(gap)
         t0 = time.perf_counter()
-        storage.read_file(p, drop_page_cache=True)
+        storage.read(i)
         times.append(time.perf_counter() - t0)
     times.sort()
     return times[len(times) // 2]
 
 
-def fill_cache(cache, n_items: int, order: Iterable[int], read: Callable[[int], bytes]) -> int:
-    """Offer items in `order` until one no longer fits; the number admitted."""
+def fill_cache(cache, n_items: int, order: Iterable[int], read: Callable[[int], bytes | None]) -> int:
+    """Offer items in `order` until one no longer fits; the number admitted. An item `read` gives
+    None for (it could not be read) is passed over."""
     admitted = 0
     for i in order:
-        if not cache.put(i, read(i)):
+        raw = read(i)
+        if raw is None:
+            continue
+        if not cache.put(i, raw):
             if cache.get(i) is None:
                 break
         else:

@@ -42,6 +42,7 @@ def table(r) -> str:
         + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m["train_cached_by_workers"]),
         "  storage, cold reads: "
         + ", ".join(f"{k} readers {b / MiB:.1f} MiB/s" for k, b in enumerate(m["storage_bw_by_readers"], 1)),
+        f"  storage: {_storage(m.get('storage'))}",
         f"  storage, one cold read on idle storage: {m['inputs']['read_latency'] * 1e3:.2f} ms; "
         f"memory (reads out of the MinIO cache): {m['memory_bw'] / MiB:.0f} MiB/s",
         f"  CPU per sample: train step {m['inputs']['train_cpu'] * 1e3:.2f} ms, loader "
@@ -83,6 +84,13 @@ def table(r) -> str:
         lines += ["", f"verdict: {r.verdict['text']}", "advice (from the model's predictions):"]
         lines += [_wrap(f"- {a['text']}") for a in r.advice] or ["- none"]
     return "\n".join(lines)
+
+
+def _storage(st: dict | None) -> str:
+    if not st:
+        return "(not recorded)"
+    return f"{st['kind']}, " + ("page cache dropped before every cold read" if st["cold"] else
+                                "its page cache could not be dropped: cold numbers may be too fast (see notes)")
 
 
 def _busy(cores_busy: float, cores: int) -> str:

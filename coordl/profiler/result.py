@@ -132,8 +132,8 @@ class ProfileResult:
 def _timed(t) -> dict:
     return {"samples_per_s": t.rate, "samples": t.samples, "seconds": t.seconds,
             "cpu_s_per_sample_main": t.cpu_self, "cpu_s_per_sample_workers": t.cpu_children,
-            "cores_busy": t.cores_busy,
-            **({"storage_reads": t.stats.get("storage_reads", 0), "cache_hits": t.stats.get("cache_hits", 0)}
+            "cores_busy": t.cores_busy, "batches": t.batches,
+            **({key: t.stats.get(key, 0) for key in ("storage_reads", "storage_bytes", "cache_hits", "decodes")}
                if t.stats else {})}
 
 

@@ -8,31 +8,43 @@ NOTE [temporary state and its cleanup]
   turned into SystemExit by the CLI, so it takes the same path. SIGKILL leaves them for
   ``coordl cleanup`` (their creator is dead).
 - Loader workers: each run's iterator is shut down in a ``finally`` (measure.loader_rate).
-- The page cache: the dataset's files are evicted before every cold run and read with
-  ``posix_fadvise(DONTNEED)``, so the profile leaves them as uncached as it found them or more.
+- The page cache: each run's items (each storage measurement's) are evicted before it
+  (items.py: files, tar shards; nothing to evict for object storage) and every read drops the
+  pages it read (the dataset bound with ``drop_page_cache=True``, as the loader reads), so the
+  profile leaves them as uncached as it found them or more. A dataset the profiler cannot evict
+  (a user's subclass) is said so in the result's notes and ``measured["storage"]``.
+
+Any `coordl.CoordlDataset` works: items are read through the dataset's own fetch (never a file
+path of an item), and the ingestion run's batches in memory are copies of one real batch.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import resource
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any, cast
 
 import torch
 
-from coordl.datasets import sources
 from coordl.datasets.base import CoordlDataset, require_fingerprint
 from coordl.errors import ConfigError
 
 from . import measure, model
+from .items import ItemReads
 from .result import ProfileResult
 
 WARMUP = 2
 STORAGE_SAMPLE_BYTES = 24 * 2**20   # bytes read per storage-bandwidth measurement
 LATENCY_READS = 24                  # single cold reads timed for the read latency
+FILL_CHUNK = 64                     # items read together (the dataset's batch read) to fill the cache
+
+
+def _where(dataset) -> str:
+    """The dataset as the report names it: its root (a folder, a URL, a shard pattern), else its class."""
+    return str(getattr(dataset, "root", "") or type(dataset).__name__)
 
 
 def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) -> torch.device:
@@ -47,7 +59,7 @@ def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) 
     if need > len(dataset):
         fit = len(dataset) // batch_size - WARMUP
         raise ConfigError(
-            f"the dataset at {getattr(dataset, 'root', '?')} has {len(dataset)} items; steps={steps} "
+            f"the dataset {_where(dataset)} has {len(dataset)} items; steps={steps} "
             f"with batch_size={batch_size} (and {WARMUP} warm-up steps) needs {need}: pass "
             + (f"steps <= {fit} (--steps)" if fit >= 1 else "a smaller batch size (--batch-size)")
             + " or a bigger dataset")
@@ -64,20 +76,6 @@ def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) 
     return dev
 
 
-class _ItemReads:
-    """The profiler's storage for a user's CoordlDataset (no manifest of files): `read_file(i)` is its
-    `read(i)`; `evict` does nothing (how cold a read is is up to the user's storage)."""
-
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-
-    def read_file(self, i: int, drop_page_cache: bool = False) -> bytes:
-        return bytes(self.dataset.read(i))
-
-    def evict(self, paths) -> None:
-        pass
-
-
 class _Session:
     """One profile's measurements, with every temporary cache it makes registered for dropping."""
 
@@ -86,16 +84,10 @@ class _Session:
         self.sync = measure.cuda_sync(device)
         self.rng = random.Random(seed)
         self.stack = stack
-        m = getattr(dataset, "manifest", None)
-        if m is not None:
-            self.paths: list = [m.path(i) for i in range(len(dataset))]
-            self.storage = sources.storage_of(dataset)  # local files, or GETs for a dataset at a URL
-            self.sizes = [int(s) for s in m.sizes]
-        else:  # a user's CoordlDataset: its read(i), and its sizes from reading every item once
-            self.paths, self.storage = list(range(len(dataset))), cast(Any, _ItemReads(dataset))
-            self.sizes = [len(self.storage.read_file(i)) for i in self.paths]
-        self.where = str(getattr(dataset, "root", "") or type(dataset).__name__)
-        self.total_bytes = int(sum(self.sizes))
+        self.storage = ItemReads(dataset)  # the dataset's own reads; what evicts its items
+        self.sizes = self.storage.sizes()
+        self.where = _where(dataset)
+        self.total_bytes = max(int(sum(self.sizes)), 1)
         self.need = (WARMUP + steps) * batch_size
 
     def items(self) -> list[int]:
@@ -109,11 +101,36 @@ class _Session:
         c.open(self.ds.fingerprint, len(self.ds), label=f"coordl profile {self.where}")
         return c
 
-    def run(self, workers: int, cache, train_step, desc: str) -> measure.Timed:
-        if cache is None:
-            self.storage.evict(self.paths)
-        return measure.loader_rate(self.ds, self.items(), self.batch_size, workers, cache, train_step,
+    def run(self, workers: int, cache, train_step, desc: str, full=None) -> measure.Timed:
+        """A loader run over `need` random items; those it reads from storage (`cache` is not
+        the all-items cache `full`) are evicted first."""
+        items = self.items()
+        if cache is not full:
+            self.storage.evict(items)
+        return measure.loader_rate(self.ds, items, self.batch_size, workers, cache, train_step,
                                    WARMUP, self.steps, self.sync, desc, self.progress)
+
+    def example_batch(self):
+        """One real batch of `batch_size` random items as the profiled loader gives it (read from
+        storage without leaving pages behind, prepared in this process)."""
+        from coordl.loader.dataloader import DataLoader
+
+        items = self.rng.sample(range(len(self.ds)), self.batch_size)
+        loader = DataLoader(copy.copy(self.ds), batch_size=self.batch_size, sampler=items, num_workers=0,
+                            drop_page_cache=True)
+        for batch in loader:
+            if measure.rows(batch):
+                return batch
+        raise ConfigError(f"coordl.profile: the dataset {self.where} gave no sample for items {items[:8]}"
+                          f"{'...' if len(items) > 8 else ''} (on_error='skip' skipped all of them): check "
+                          "that its items can be read and prepared")
+
+    def fill_all(self, full) -> None:
+        """Every item into the cache `full`, read FILL_CHUNK at a time through the dataset's batch read."""
+        n = len(self.ds)
+        for start in range(0, n, FILL_CHUNK):
+            got = self.storage.read_many(range(start, min(n, start + FILL_CHUNK)))
+            measure.fill_cache(full, n, sorted(got), got.get)
 
     def partial_cache(self, tag: str, fraction: float, full) -> tuple[object | None, float]:
         """A cache holding `fraction` of the dataset's bytes (random items), filled from `full`;
@@ -133,9 +150,12 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
     """Profile `train_step` fed from `dataset`: rates, stall shares and what-if predictions.
 
     Args:
-        train_step: called with one batch ``[images, labels]``; runs a training step and returns
-            its loss (a tensor or number).
-        dataset: a `coordl.ImageFolder`.
+        train_step: called with one batch as the loader gives it (``[images, labels]`` for an
+            ImageFolder, ``[waveforms, labels]`` for an AudioFolder); runs a training step and
+            returns its loss (a tensor or number).
+        dataset: any `coordl.CoordlDataset`: a `coordl.ImageFolder`, `coordl.WebDataset`,
+            `coordl.AudioFolder` or your subclass (read through its own fetch; the page cache is
+            dropped where its storage allows, and the result's notes say where it could not).
         batch_size, num_workers: of the loader being profiled (prep is also measured at
             1..num_workers workers).
         steps: timed steps per measurement (after 2 warm-up steps); each measurement uses
@@ -166,18 +186,14 @@ def _median(runs: list[measure.Timed]) -> measure.Timed:
 
 def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: bool,
              settings: dict, repeats: int) -> ProfileResult:
-    sample, _label = s.ds[0]
-    synth = measure.synthetic_batches(tuple(sample.shape), len(getattr(s.ds, "classes", [])) or 10,
-                                      s.batch_size)
-    sample_paths = _storage_sample(s)
-    reads = [measure.storage_bandwidth(sample_paths, w, s.storage) for w in range(1, W + 1)]
+    synth = measure.synthetic_batches(s.example_batch())
+    sample = _storage_sample(s)
+    reads = [measure.storage_bandwidth(sample, w, s.storage) for w in range(1, W + 1)]
     storage_bw = [bw for bw, _cpu in reads]
-    latency = measure.read_latency(sample_paths[:LATENCY_READS], storage=s.storage)
+    latency = measure.read_latency(sample[:LATENCY_READS], s.storage)
 
     full = s.cache("all", s.total_bytes)
-    s.storage.evict(s.paths)
-    measure.fill_cache(full, len(s.ds), range(len(s.ds)),
-                       lambda i: s.storage.read_file(s.paths[i], drop_page_cache=True))
+    s.fill_all(full)
     memory_bw = measure.memory_bandwidth(full, len(s.ds))
     fraction = min(cache_bytes / s.total_bytes, 1.0)
     profiled_cache, x0 = s.partial_cache("profiled", fraction, full)
@@ -222,10 +238,13 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
         inputs=inputs, ingest=ingest, alone=alone, cold=cold, cached=cached, profiled=profiled,
         profiled_fraction=x0, validation=validation, rounds={k: [t.rate for t in v] for k, v in rounds.items()})
     result.measured.update(
+        storage={"kind": s.storage.kind, "cold": s.storage.cold, "note": s.storage.note},
         rounds={key: [t.rate for t in runs] for key, runs in rounds.items()},
         cpu_cores_busy=profiled.cores_busy,
         max_rss_main_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         max_rss_worker_bytes=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+    if s.storage.note:
+        result.notes.append(s.storage.note)
     return result
 
 
@@ -235,15 +254,17 @@ def _one_round(s: _Session, synth, train_step, W, full, profiled_cache, x0, conf
                                        s.steps, s.batch_size, s.sync, "ingestion (synthetic batches)" + tag,
                                        s.progress)
     for w in range(1, W + 1):
-        yield f"alone{w}", s.run(w, full, None, f"prep alone, all cached, {w}w" + tag)
-        yield f"cold{w}", s.run(w, None, None, f"prep alone, cold storage, {w}w" + tag)
-        yield f"cached{w}", s.run(w, full, train_step, f"train, all cached, {w}w" + tag)
-    yield "profiled", s.run(W, profiled_cache, train_step, f"train, profiled ({x0:.0%} cached), {W}w" + tag)
+        yield f"alone{w}", s.run(w, full, None, f"prep alone, all cached, {w}w" + tag, full)
+        yield f"cold{w}", s.run(w, None, None, f"prep alone, cold storage, {w}w" + tag, full)
+        yield f"cached{w}", s.run(w, full, train_step, f"train, all cached, {w}w" + tag, full)
+    yield "profiled", s.run(W, profiled_cache, train_step, f"train, profiled ({x0:.0%} cached), {W}w" + tag,
+                            full)
     for k, (x, w, c) in enumerate(configs):
-        yield f"validate{k}", s.run(w, c, train_step, f"validate: {x:.0%} cached, {w}w" + tag)
+        yield f"validate{k}", s.run(w, c, train_step, f"validate: {x:.0%} cached, {w}w" + tag, full)
 
 
-def _storage_sample(s: _Session) -> list[str]:
-    """Enough randomly chosen files for a storage measurement of ~STORAGE_SAMPLE_BYTES."""
-    n = max(16, min(len(s.paths), round(STORAGE_SAMPLE_BYTES / (s.total_bytes / len(s.paths)))))
-    return [s.paths[i] for i in s.rng.sample(range(len(s.paths)), min(n, len(s.paths)))]
+def _storage_sample(s: _Session) -> list[int]:
+    """Enough randomly chosen items for a storage measurement of ~STORAGE_SAMPLE_BYTES."""
+    n = len(s.ds)
+    k = max(16, min(n, round(STORAGE_SAMPLE_BYTES / (s.total_bytes / n))))
+    return s.rng.sample(range(n), min(k, n))
