@@ -25,6 +25,7 @@ _LAZY = {
     "WebDataset": ".datasets.webdataset",
     "MinIOCache": ".loader.caching", "PartitionedCache": ".loader.partitioned",
     "profile": ".profiler", "merge_states": ".loader.elastic",
+    "ElasticResume": ".loader.lightning",  # imports lightning: only when used
 }
 
 __all__ = [

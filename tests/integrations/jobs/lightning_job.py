@@ -1,11 +1,12 @@
 """coordl.DataLoader inside a Lightning Trainer (CPU; DDP with gloo when DEVICES > 1).
 
-    lightning_job.py ROOT OUT_DIR DEVICES USE_DISTRIBUTED_SAMPLER WORKERS EPOCHS [CKPT_EVERY] [RESUME_FROM]
+    lightning_job.py ROOT OUT_DIR DEVICES USE_DISTRIBUTED_SAMPLER WORKERS EPOCHS [CKPT_EVERY] [RESUME_FROM] [ELASTIC]
 
 Every rank records, for each training step, (epoch, batch_idx, the batch's item ids = labels
 of the one-image-per-class dataset, sha256 of the image bytes) into OUT_DIR/steps-rank<r>.json.
 CKPT_EVERY: ModelCheckpoint(every_n_train_steps=...) into OUT_DIR/ckpt; RESUME_FROM: a
-checkpoint to resume fit from.
+checkpoint to resume fit from; ELASTIC=1: with the coordl.ElasticResume callback. The record also
+holds the trainer's global_step and current_epoch at the end of fit.
 """
 
 import hashlib
@@ -46,9 +47,11 @@ def main() -> None:
     root, out, devices = sys.argv[1], sys.argv[2], int(sys.argv[3])
     use_ds, workers, epochs = sys.argv[4] == "1", int(sys.argv[5]), int(sys.argv[6])
     every = int(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[7] != "0" else None
-    resume = sys.argv[8] if len(sys.argv) > 8 else None
+    resume = sys.argv[8] if len(sys.argv) > 8 and sys.argv[8] != "0" else None
+    elastic = len(sys.argv) > 9 and sys.argv[9] == "1"
     callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), every_n_train_steps=every,
                                                      save_top_k=-1, filename="{step}")] if every else []
+    callbacks += [coordl.ElasticResume()] if elastic else []
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
                         max_epochs=epochs, use_distributed_sampler=use_ds, logger=False,
                         enable_checkpointing=bool(every), callbacks=callbacks, enable_progress_bar=False,
@@ -57,7 +60,8 @@ def main() -> None:
     trainer.fit(model, ckpt_path=resume)
     loader = trainer.train_dataloader
     record = {"steps": model.steps, "is_coordl": isinstance(loader, coordl.DataLoader),
-              "sampler": type(loader.sampler).__name__, "world": trainer.world_size}
+              "sampler": type(loader.sampler).__name__, "world": trainer.world_size,
+              "global_step": trainer.global_step, "current_epoch": trainer.current_epoch}
     with open(os.path.join(out, f"steps-rank{trainer.global_rank}.json"), "w") as f:
         json.dump(record, f)
 
