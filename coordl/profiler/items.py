@@ -84,7 +84,7 @@ def _eviction(ds: Any) -> tuple[str, Callable[[list[int]], None] | None]:
         return "object storage", None
     path = getattr(getattr(ds, "manifest", None), "path", None)
     if callable(path) and len(ds) and isinstance(first := path(0), str) and os.path.isfile(first):
-        return "files", lambda items: _drop([path(i) for i in items])
+        return "files", lambda items: _drop([str(path(i)) for i in items])
     return "dataset read", None
 
 
