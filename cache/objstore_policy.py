@@ -1,6 +1,7 @@
 """The pure half of the object-store reader (`cache/objstore.py` is the I/O shell).
 
-- `StoreConfig`: the validated knobs (in-flight bound, per-request timeout, retries, back-off).
+- `StoreConfig`: the validated knobs (in-flight bound, per-request timeout, retries, back-off, the
+  client of s3:// GETs).
 - `backoff`: how long to wait before retry n (exponential, full jitter).
 - `classify`: is an error worth retrying (throttling, 5xx, connection, timeout), or final
   (missing object, access denied)?
@@ -47,6 +48,15 @@ SECRET_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TO
                    "AZURE_CLIENT_SECRET")
 
 
+#: StoreConfig.fetch_client's values, and the environment variable that sets its default.
+FETCH_CLIENTS = ("auto", "obstore", "s3fs")
+FETCH_CLIENT_ENV = "COORDL_S3_CLIENT"
+
+
+def _default_fetch_client() -> str:
+    return os.environ.get(FETCH_CLIENT_ENV) or "auto"
+
+
 @dataclasses.dataclass(frozen=True)
 class StoreConfig:
     """How an ObjectStore talks to its store. Defaults: worst case for a dead store that accepts
@@ -58,6 +68,8 @@ class StoreConfig:
     retries: int = 3             # retries after the first attempt, for throttling, 5xx, connection errors
     backoff_base: float = 0.2    # seconds; retry n waits uniform(0, min(backoff_max, base * 2**n))
     backoff_max: float = 5.0     # cap of one back-off, seconds
+    # s3:// GETs through obstore or s3fs; auto: obstore when installed and storage_options map onto it
+    fetch_client: str = dataclasses.field(default_factory=_default_fetch_client)
 
     def __post_init__(self) -> None:
         checks = (
@@ -71,6 +83,8 @@ class StoreConfig:
              and 0 <= self.backoff_base <= 60, "seconds, from 0 to 60"),
             ("backoff_max", self.backoff_max, isinstance(self.backoff_max, (int, float))
              and self.backoff_base <= self.backoff_max <= 600, "seconds, from backoff_base to 600"),
+            ("fetch_client", self.fetch_client, self.fetch_client in FETCH_CLIENTS,
+             f"one of {', '.join(map(repr, FETCH_CLIENTS))} (default: ${FETCH_CLIENT_ENV}, else 'auto')"),
         )
         for name, value, ok, want in checks:
             if not ok or isinstance(value, bool):
