@@ -10,7 +10,8 @@ Item i is cached when ``lengths[i] > 0``; its bytes are
 item whose bytes were found not to match their checksum: it is never served
 and never admitted again (a miss, read from storage, every time). The
 header's ``used`` is the end of the last reservation in the arena: it only
-grows, except when a dead writer's unpublished reservation is taken back (below). Nothing here is a Python object per item, so forked workers share
+grows, except when a dead writer's unpublished reservation is taken back
+(below). Nothing here is a Python object per item, so forked workers share
 every page.
 
 NOTE [publication without a reader lock, on any CPU]
