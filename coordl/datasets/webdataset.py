@@ -229,6 +229,20 @@ class WebDataset(ImageFolder):
         return len(self.index)
 
     # -- bytes: the cache, then the shards, a batch's misses read together --
+    def read(self, i: int) -> bytes:
+        """Sample i's image bytes from its shard (uncounted, uncached: `fetch` does both); a
+        `SampleError` names the shard and key."""
+        data, errors, _reads, _nbytes = self.index.read_many([int(i)], self.drop_page_cache, self.max_gap)
+        if i in errors:
+            raise errors[i]
+        return data[i]
+
+    def read_many(self, items: list[int]) -> dict[int, bytes | Exception]:
+        """Several samples' bytes, adjacent ones of a shard in one read (uncounted, uncached)."""
+        data, errors, _reads, _nbytes = self.index.read_many([int(i) for i in items], self.drop_page_cache,
+                                                             self.max_gap)
+        return {**data, **errors}
+
     def _read(self, i: int, pending: Any = None) -> bytes:
         raws, errors = self._read_misses([i])
         if i in errors:

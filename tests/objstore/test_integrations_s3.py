@@ -103,7 +103,8 @@ def test_accelerate_two_ranks_under_torchrun_over_s3_match_the_local_copy(moto_s
         assert s3rank["epochs"] == local["epochs"] and s3rank["digests"] == local["digests"]
         assert [len(ids) for ids in s3rank["epochs"]] == [16, 16]  # 30 items, 2 ranks, batches of 4
         first, second = s3rank["stats"]
-        assert (first["storage_requests"], second["storage_requests"]) == (16, 32)  # one GET a sample
+        gets = [st["storage_requests"] - st["storage_retries"] for st in (first, second)]
+        assert gets == [16, 32]  # one GET a sample (plus any retry of a slow request, counted apart)
         assert local["stats"][-1]["storage_requests"] == 0  # a local folder makes no requests
     for epoch in range(2):
         assert set(records["s3"][0]["epochs"][epoch]) | set(records["s3"][1]["epochs"][epoch]) == set(range(30))

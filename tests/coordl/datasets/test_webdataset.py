@@ -108,6 +108,7 @@ def test_items_and_fetch_are_the_files_bytes(tiny_root, shards):
     web = coordl.WebDataset(shards[0], transform="val", size=32)
     for i in (0, 17, 39):
         assert bytes(web.fetch(i)) == bytes(folder.fetch(i))
+        assert web.read(i) == folder.read(i)  # the contract's uncounted read goes to the shard too
         x, y = web[i]
         u, v = folder[i]
         assert torch.equal(x, u) and y == v
@@ -254,6 +255,11 @@ def test_a_truncated_shard_names_shard_and_key(shards):
     assert web.damaged_shards == [paths[2]] and len(web) == 38   # samples 0-5 of the last shard
     stats = _epoch(coordl.DataLoader(web, batch_size=8))
     assert stats["errors_skipped"] == 1 and stats["samples"] == 37  # sample 5 ends past the cut
+    got = web.read_many([30, 37])  # the contract's read_many: bytes, or the error naming shard and key
+    assert isinstance(got[30], bytes) and isinstance(got[37], coordl.SampleError)
+    assert "train-000002.tar" in str(got[37])
+    with pytest.raises(coordl.SampleError, match=r"train-000002\.tar"):
+        web.read(37)
 
 
 def test_a_file_that_is_not_a_tar_names_the_shard(shards):
