@@ -154,27 +154,3 @@ def parse_storage_options(text: str | None, flag: str = "--storage-options") -> 
                           f"{type(value).__name__}")
     return value
 
-
-class ObjectReads:
-    """`cache/storage.py`'s two calls (read_file, evict) for the URLs of an ObjectFiles: what the
-    profiler's storage measurements use for a dataset at a URL. An object has no page-cache copy
-    here, so evict does nothing and every read is a GET."""
-
-    def __init__(self, objects: ObjectFiles) -> None:
-        self.objects = objects
-        self._prefix = objects.store.url + "/"
-
-    def read_file(self, url: str, drop_page_cache: bool = False) -> bytes:
-        if not url.startswith(self._prefix):
-            raise SampleError(f"{url}: not below the dataset's URL {self.objects.store.url}")
-        return self.objects.store.read(url[len(self._prefix):])
-
-    def evict(self, paths: Iterable[str]) -> None:
-        pass
-
-
-def storage_of(dataset: Any) -> Any:
-    """What reads `dataset`'s item paths whole: `coordl.cache.storage` for local files, an
-    `ObjectReads` for a dataset at a URL."""
-    objects = getattr(dataset, "objects", None)
-    return storage if objects is None else ObjectReads(objects)
