@@ -133,6 +133,30 @@ class S3fsImages:
         return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1), self.labels[i]
 
 
+_PROBE = """import json, sys
+from coordl.cache.objstore import ObjectStore
+url, options, key = json.loads(sys.argv[1])
+store = ObjectStore.from_url(url, options)
+store.read(key)
+print(getattr(store, "fetch_client", "s3fs"))
+store.close()
+"""
+
+
+def _client_in_use(url: str, options: dict, key: str) -> str:
+    """The client coordl GETs with, for these options and this environment (COORDL_S3_CLIENT), as a
+    fresh process finds it (a DataLoader's workers are forked from a parent that only listed, so they
+    choose as a fresh process does); a LIST and a GET, before any count starts."""
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps([url, options, key])], capture_output=True,
+                         text=True, timeout=120)
+    if out.returncode:
+        raise SystemExit(f"coordl's S3 client could not read {url}/{key}: {out.stderr.strip()[-2000:]}")
+    return out.stdout.strip()
+
+
 def _epochs(loader, n: int, sides: Sides, proxy) -> list[dict]:
     """Per epoch (a warm-up first, not timed: worker start-up, first reads, then n timed):
     images/s, CPU seconds per side ({"server", "proxy", "loader"}) and the proxy's requests by method."""
@@ -184,6 +208,7 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
         "torch s3fs": lambda: torch.utils.data.DataLoader(S3fsImages(url, opts, keys), **common),
         "coordl s3 MinIO f=0.5": lambda: s3(cache=half),
     }
+    client = _client_in_use(url, opts, keys[0])
     results = {}
     sides = Sides(server=server.proc.pid, proxy=proxy.pid)
     for name, make in runs.items():
@@ -202,7 +227,8 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
           f"{'' if not args.bandwidth else f', {args.bandwidth / 1e6:.0f} MB/s per connection'}, "
           f"{args.workers} workers, batch {args.batch}, in flight {args.in_flight}, cpus "
           f"{len(os.sched_getaffinity(0))}, {args.epochs} timed epochs after 1 warm-up; server {args.server} "
-          f"({SERVERS[args.server]}); S3 client {os.environ.get('COORDL_S3_CLIENT', 'default')}")
+          f"({SERVERS[args.server]}); coordl's S3 client {client} (COORDL_S3_CLIENT="
+          f"{os.environ.get('COORDL_S3_CLIENT', '')!r})")
     for name, r in results.items():
         epochs = ", ".join(f"{x:.0f}" for x in r["epochs"])
         used = r["cpu_s_per_epoch"]
@@ -213,7 +239,7 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
               f" ({r['store_ms_per_request']:.2f} ms/request)")
     print("  ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     print("  store = the emulated remote store (server + proxy): the bench's own overhead on this machine, to subtract")
-    return {"results": results, "ratios": ratios}
+    return {"results": results, "ratios": ratios, "client": client}
 
 
 def _fill(server, n: int, classes: int, threads: int = 16) -> list[str]:
@@ -358,19 +384,21 @@ def objects(args, server, proxy, keys: list[str], nbytes: int) -> dict:
         results[name] = {"objects_per_s": len(keys) / dt, "seconds": dt, "gets": counts["GET"],
                          "heads": counts["HEAD"], "cpu_s": cpu,
                          "cpu_ms_per_request": {side: cpu[side] / requests * 1000 for side in SIDES}}
+    client = getattr(store, "fetch_client", "s3fs")
     store.close()
     ratio = results["coordl read_many"]["objects_per_s"] / results["one GET at a time"]["objects_per_s"]
     print(f"{args.images} objects of {nbytes / args.images / 1024:.0f} KiB, latency {args.latency * 1000:.0f} ms"
           f"{'' if not args.bandwidth else f', {args.bandwidth / 1e6:.0f} MB/s per connection'}, "
           f"in flight {args.in_flight}, cpus {len(os.sched_getaffinity(0))}; server {args.server} "
-          f"({SERVERS[args.server]}); S3 client {os.environ.get('COORDL_S3_CLIENT', 'default')}")
+          f"({SERVERS[args.server]}); coordl's S3 client {client} (COORDL_S3_CLIENT="
+          f"{os.environ.get('COORDL_S3_CLIENT', '')!r})")
     for name, r in results.items():
         ms = r["cpu_ms_per_request"]
         print(f"  {name:18s} {r['objects_per_s']:8.1f} objects/s  ({r['seconds']:.2f} s, {r['gets']} GETs, "
               f"{r['heads']} HEADs; CPU ms per request: client {ms['loader']:.2f}, server {ms['server']:.2f}, "
               f"proxy {ms['proxy']:.2f})")
     print(f"  ratio: {ratio:.1f}x")
-    return {"results": results, "ratio": ratio}
+    return {"results": results, "ratio": ratio, "client": client}
 
 
 if __name__ == "__main__":
