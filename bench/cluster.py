@@ -14,9 +14,11 @@ Each server ``cdlcl<i>`` is a Linux network namespace with one veth link to a br
   process in each namespace, in front of its redis-server, holds every chunk it forwards
   from or to a peer for the latency before passing it on (traffic of the server's own
   rank is not delayed; threads and time.sleep: sub-millisecond waits are kept). The relay
-  costs a copy and a thread wake-up per chunk: on this loaded 2-core machine a PING from
-  the bridge took 0.69 ms round trip at 0.2 ms (0.4 ms of it the latency). The JSON's
-  ``latency_via`` says which was used, ``link_measured`` what a client saw.
+  moves bytes with splice(2) through a pipe, never into Python, and costs a thread wake-up
+  per chunk: about 0.03 CPU s per epoch of 600 items here, where the earlier relay that
+  copied each chunk through Python took 0.08-0.14 s. On this loaded 2-core machine a PING
+  from the bridge took 0.6-0.8 ms round trip at 0.2 ms (0.4 ms of it the latency). The
+  JSON's ``latency_via`` says which was used, ``link_measured`` what a client saw.
 
 In each namespace run its cache node (redis-server with coordl's node configuration,
 `coordl.cache.redisnode.NodeConfig`: maxmemory, noeviction, no persistence, a password)
@@ -40,9 +42,18 @@ default 0.4: three budgets hold 1.2x the dataset, one holds 0.4x):
   compared with.
 
 Per epoch and server: epoch time, ``storage_bytes`` and ``remote_bytes`` (the loader's
-stats), remote and local hits, node faults, and the kernel's read_bytes of the rank and
-its workers. CoorDL's shape: from epoch 2 the partitioned run reads no storage and its
-epoch time is within 1.2x of the reference's (the JSON's ``shape``).
+stats), remote and local hits, node faults, the kernel's read_bytes of the rank and its
+workers, and the CPU seconds of the rank's main process and of its workers. Per epoch and
+side (the JSON's ``cpu``): the CPU of the ranks, their workers, the redis-servers and the
+relays, and over the same window the whole machine's busy CPU, its interrupts and softirqs
+(where packets are received: charged to no process), other processes and kernel threads.
+CoorDL's shape (the JSON's ``shape``, epochs 2..N as medians, so that one noisy epoch does
+not decide it): from epoch 2 the partitioned run reads no storage and its epoch time is
+within 1.2x of the reference's; and where the extra time goes: the extra CPU per epoch and
+per remote item, and the ratio of the two sides' own CPU, which is the time ratio of a
+CPU-bound epoch on a machine with nothing else running (the measured times move with
+whatever else runs on the machine; the CPU a side's processes take moves much less).
+The order of the sides puts the reference right after the partitioned run.
 
 Needs root, ``ip netns``, ``tc`` with htb and tbf, redis-server, and cgroup v1 blkio; it
 says what is missing and exits 0 (``--require`` makes it exit 2). Run under the bench lock:
@@ -79,6 +90,7 @@ import json
 import os
 import queue
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -95,7 +107,7 @@ PREFIX = "cdlcl"
 SUBNET = "10.213.77"
 BRIDGE, BRIDGE_IP = f"{PREFIX}br", f"{SUBNET}.254"
 PORT, REDIS_PORT = 6390, 6391
-SIDES = ("partitioned", "minio", "none", "reference")
+SIDES = ("partitioned", "reference", "minio", "none")
 MiB = 2**20
 TMP = tempfile.gettempdir()
 TMPS = f"{PREFIX}-run-"   # the temp folders of a run (the cache nodes' dirs)
@@ -336,22 +348,39 @@ def build_network(n: int, bandwidth: str, delay_ms: float, netem: bool) -> None:
 
 # -- the delay relay (latency without sch_netem) -------------------------------------------
 
+PIPE_BYTES = 1 << 20   # the relay's pipe per direction (fs.pipe-max-size allows 1 MiB by default)
+F_SETPIPE_SZ = 1031
+
+
 def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
     """Forward src -> dst, each chunk no earlier than `delay` s after it arrived (order kept).
-    Threads and time.sleep, not asyncio: epoll waits in whole milliseconds, which would turn a
-    0.2 ms delay into 1 ms."""
-    chunks: queue.Queue = queue.Queue()
+
+    The bytes never enter Python: splice(2) moves each chunk from the socket into a pipe, which
+    holds it while it waits, and from the pipe to the other socket (a user-space copy each way
+    cost the relay most of its CPU). A queue of (due time, length) per chunk orders the
+    writer. Threads and time.sleep, not asyncio: epoll waits in whole milliseconds, which
+    would turn a 0.2 ms delay into 1 ms. With no delay, one thread moves chunks straight on."""
+    pipe_r, pipe_w = os.pipe()
+    try:
+        fcntl.fcntl(pipe_w, F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:
+        pass   # a smaller pipe only means smaller chunks
+    chunks: queue.SimpleQueue = queue.SimpleQueue()
+
+    def move(n: int) -> None:   # n bytes from the pipe to dst
+        while n:
+            n -= os.splice(pipe_r, dst.fileno(), n)
 
     def writer() -> None:
         try:
             while True:
-                due, chunk = chunks.get()
-                if chunk is None:
+                due, n = chunks.get()
+                if n is None:
                     break
                 wait = due - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
-                dst.sendall(chunk)
+                move(n)
         except OSError:
             pass
         finally:
@@ -360,18 +389,34 @@ def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
             except OSError:
                 pass
 
-    t = threading.Thread(target=writer, daemon=True)
-    t.start()
+    t = threading.Thread(target=writer, daemon=True) if delay > 0 else None
     try:
+        if t is not None:
+            t.start()
+        ready = select.poll()
+        ready.register(src, select.POLLIN)
         while True:
-            chunk = src.recv(1 << 18)
-            if not chunk:
+            ready.poll()   # splice would wait for the socket holding the pipe's lock: the writer too
+            n = os.splice(src.fileno(), pipe_w, PIPE_BYTES)
+            if not n:
                 break
-            chunks.put((time.monotonic() + delay, chunk))
+            if t is None:
+                move(n)
+            else:
+                chunks.put((time.monotonic() + delay, n))
     except OSError:
         pass
-    chunks.put((0.0, None))
-    t.join()
+    finally:
+        if t is not None:
+            chunks.put((0.0, None))
+            t.join()
+        else:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        os.close(pipe_r)
+        os.close(pipe_w)
 
 
 def relay_main(listen: str, port: int, to_port: int, delay: float) -> None:
@@ -424,27 +469,87 @@ def rank_main(args) -> None:
     def read_bytes() -> int:
         return pagecache.read_bytes([me.pid] + [c.pid for c in me.children(recursive=True)])
 
+    def cpu() -> tuple[float, float]:
+        """CPU seconds (user + system) so far of this rank's main process and of its workers
+        (persistent: the same processes every epoch)."""
+        return _cpu_s([me.pid]), _cpu_s([c.pid for c in me.children(recursive=True)])
+
     keys = ("storage_bytes", "storage_reads", "remote_bytes", "remote_hits", "local_hits", "cache_hits",
             "remote_errors", "node_faults")
     print(LINE + "ready", flush=True)
     for epoch in range(args.epochs):
         if sys.stdin.readline().strip() != "go":
             return
-        before, io0 = loader.stats(), read_bytes()
+        before, io0, (main0, workers0) = loader.stats(), read_bytes(), cpu()
         t0 = time.perf_counter()
         for _ in loader:
             if args.step_ms:
                 time.sleep(args.step_ms / 1e3)
         dt = time.perf_counter() - t0
-        after, io1 = loader.stats(), read_bytes()
+        after, io1, (main1, workers1) = loader.stats(), read_bytes(), cpu()
         delta = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
         print(LINE + json.dumps({"epoch": epoch, "time_s": round(dt, 3), "disk_read_bytes": io1 - io0,
-                                 **delta}), flush=True)
+                                 "cpu_main_s": round(main1 - main0, 3),
+                                 "cpu_workers_s": round(workers1 - workers0, 3), **delta}), flush=True)
     del loader
     if side == "minio":
         cache.drop()        # this server's own cache (the reference's is dropped by the bench)
     elif cache is not None:
         cache.close()
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds so far of `pids`, their threads included (an exited one: 0)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def _machine_busy_s() -> tuple[float, float]:
+    """CPU seconds the whole machine has been busy (every process and the kernel's interrupts,
+    ours or not: other work on the machine counts here too), and of those in interrupts and
+    softirqs (where the kernel receives and forwards network packets, charged to no process)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "steal", 0.0)
+    guest = getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)   # already in user and nice
+    return sum(t) - idle - guest, getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+
+
+def _all_cpu() -> dict[tuple[int, float], tuple[float, bool]]:
+    """{(pid, start time): (CPU s so far, whether it is a kernel thread)} of every process now."""
+    import psutil
+
+    out = {}
+    for p in psutil.process_iter(["ppid", "create_time", "cpu_times"]):
+        t, ppid = p.info["cpu_times"], p.info["ppid"]
+        if t is not None:
+            out[(p.pid, p.info["create_time"])] = (t.user + t.system, p.pid == 2 or ppid == 2)
+    return out
+
+
+def others_cpu(before: dict, after: dict, ours: set[int]) -> tuple[float, float]:
+    """CPU s between two `_all_cpu` snapshots of the processes that are not `ours`: user
+    processes (other work on the machine), kernel threads (ksoftirqd, kworkers). A process
+    that started between them counts from 0; one that ended between them is not seen."""
+    user = kernel = 0.0
+    for key, (cpu, kthread) in after.items():
+        if key[0] in ours:
+            continue
+        d = cpu - before.get(key, (0.0, kthread))[0]
+        if kthread:
+            kernel += d
+        else:
+            user += d
+    return user, kernel
 
 
 # -- the orchestrator ---------------------------------------------------------------------------
@@ -526,7 +631,7 @@ def link_check(url: str, pings: int = 50, size: int = 4 * MiB, gets: int = 5) ->
 
 
 def run_side(args, side: str, budget: int, total: int, files: list[str], storage_cg: list[str], tmp: str,
-             relay: bool) -> list[list[dict]]:
+             relay: bool) -> tuple[list[list[dict]], list[dict]]:
     import coordl
 
     os.sync()   # dirty pages (a dataset just written) cannot be evicted
@@ -561,12 +666,22 @@ def run_side(args, side: str, budget: int, total: int, files: list[str], storage
     for r, p in enumerate(ranks):
         _expect(p, f"rank {r} ({side})")
     rows: list[list[dict]] = [[] for _ in range(args.servers)]
+    nodes = {"redis": [p.pid for p in _procs[node_procs:] if _runs(p, "redis-server")],
+             "relay": [p.pid for p in _procs[node_procs:] if _runs(p, "--relay")]}
+    cpu_rows: list[dict] = []
     for e in range(args.epochs):
+        node0, busy0, all0 = {k: _cpu_s(v) for k, v in nodes.items()}, _machine_busy_s(), _all_cpu()
         for p in ranks:   # lockstep: every rank starts the epoch together
             p.stdin.write("go\n")
             p.stdin.flush()
         for r, p in enumerate(ranks):
             rows[r].append(json.loads(_expect(p, f"rank {r} ({side}) epoch {e + 1}")))
+        node1, busy1, all1 = {k: _cpu_s(v) for k, v in nodes.items()}, _machine_busy_s(), _all_cpu()
+        ours = {os.getpid(), *(p.pid for p in ranks), *nodes["redis"], *nodes["relay"]}
+        ours |= {c.pid for p in ranks for c in _children(p.pid)}
+        cpu_rows.append(epoch_cpu([rows[r][e] for r in range(args.servers)],
+                                  {k: node1[k] - node0[k] for k in nodes}, busy1[0] - busy0[0], busy1[1] - busy0[1],
+                                  others_cpu(all0, all1, ours)))
         print(f"bench: {side} epoch {e + 1}: slowest {max(rows[r][e]['time_s'] for r in range(args.servers)):.2f}"
               " s, storage MiB " + "/".join(f"{rows[r][e]['storage_bytes'] / MiB:.1f}" for r in range(args.servers))
               + ", remote MiB " + "/".join(f"{rows[r][e]['remote_bytes'] / MiB:.1f}" for r in range(args.servers)),
@@ -585,24 +700,81 @@ def run_side(args, side: str, budget: int, total: int, files: list[str], storage
     del _procs[node_procs:]
     for c in made:
         c.drop()
-    return rows
+    return rows, cpu_rows
 
 
-def shape(args, sides: dict) -> dict:
-    """CoorDL's claim, checked on this run's figures (epochs from the second)."""
-    out = {}
+def _runs(proc: subprocess.Popen, word: str) -> bool:
+    """Whether `word` is one of the arguments `proc` was started with."""
+    return isinstance(proc.args, list) and word in proc.args
+
+
+def _children(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def epoch_cpu(per_rank: list[dict], nodes: dict[str, float], machine_busy: float, machine_irq: float,
+              others: tuple[float, float]) -> dict:
+    """One epoch's CPU seconds of a side by component (all servers together): the ranks' main
+    processes, their workers, the redis-servers, the delay relays; `total_s` their sum;
+    `machine_busy_s` what the whole machine spent in the same window (kernel softirqs and
+    other work on the machine included), `machine_irq_s` the part of it in interrupts and
+    softirqs, `other_procs_s` and `kernel_threads_s` the processes not this side's and the
+    kernel's threads (ksoftirqd: softirqs deferred under load); `remote_items` the items read
+    from peers."""
+    out = {"ranks_main_s": sum(x["cpu_main_s"] for x in per_rank),
+           "workers_s": sum(x["cpu_workers_s"] for x in per_rank),
+           "redis_s": nodes.get("redis", 0.0), "relay_s": nodes.get("relay", 0.0)}
+    out["total_s"] = sum(out.values())
+    out = {k: round(v, 3) for k, v in out.items()}
+    out["machine_busy_s"], out["machine_irq_s"] = round(machine_busy, 3), round(machine_irq, 3)
+    out["other_procs_s"], out["kernel_threads_s"] = round(others[0], 3), round(others[1], 3)
+    out["remote_items"] = sum(x.get("remote_hits", 0) for x in per_rank)
+    return out
+
+
+def shape(args, sides: dict, cpu: dict) -> dict:
+    """CoorDL's claim, checked on this run's figures from the second epoch on (medians over
+    epochs 2..N, so that one noisy epoch does not decide it), and where the CPU went."""
+    import statistics
+
+    later = range(1, args.epochs)
+    out: dict = {}
     if "partitioned" in sides:
         part = sides["partitioned"]
         out["partitioned_storage_bytes_from_epoch_2"] = sum(e["storage_bytes"] for rows in part for e in rows[1:])
+    if not later:
+        return out
+    out["median_epoch_s_per_server"] = {
+        side: [round(statistics.median(rows[e]["time_s"] for e in later), 3) for rows in per]
+        for side, per in sides.items()}
+    slowest = {side: [max(rows[e]["time_s"] for rows in per) for e in later] for side, per in sides.items()}
+    out["median_slowest_epoch_s"] = {side: round(statistics.median(v), 3) for side, v in slowest.items()}
+    out["cpu_median_per_epoch"] = {
+        side: {k: round(statistics.median(rows[e][k] for e in later), 3) for k in rows[0]}
+        for side, rows in cpu.items()}
     if "partitioned" in sides and "reference" in sides:
-        def slowest(rows, e):
-            return max(r[e]["time_s"] for r in rows)
-        later = range(1, args.epochs)
-        ratios = [slowest(sides["partitioned"], e) / slowest(sides["reference"], e) for e in later]
-        if ratios:
-            out["time_ratio_partitioned_over_reference"] = [round(x, 3) for x in ratios]
-            out["mean_time_ratio"] = round(sum(ratios) / len(ratios), 3)
-            out["within_1_2x"] = out["mean_time_ratio"] <= 1.2
+        ratios = [p / r for p, r in zip(slowest["partitioned"], slowest["reference"])]
+        out["time_ratio_partitioned_over_reference"] = [round(x, 3) for x in ratios]
+        out["median_time_ratio"] = round(out["median_slowest_epoch_s"]["partitioned"]
+                                         / out["median_slowest_epoch_s"]["reference"], 3)
+        out["within_1_2x"] = out["median_time_ratio"] <= 1.2
+        part, ref = cpu["partitioned"], cpu["reference"]
+        extra = [part[e]["total_s"] - ref[e]["total_s"] for e in later]
+        out["extra_cpu_s_per_epoch"] = round(statistics.median(extra), 3)
+        # on a machine where the epoch is CPU-bound, the epoch time goes as the CPU it takes: the
+        # ratio of the sides' own CPU (and the interrupts) is what the time ratio would be with
+        # the machine to themselves, whatever else ran beside this run
+        own = {side: [c[e]["total_s"] + c[e]["machine_irq_s"] for e in later] for side, c in cpu.items()}
+        out["cpu_ratio_partitioned_over_reference"] = round(statistics.median(own["partitioned"])
+                                                            / statistics.median(own["reference"]), 3)
+        per_item = [x / part[e]["remote_items"] for x, e in zip(extra, later) if part[e]["remote_items"]]
+        if per_item:
+            out["extra_cpu_ms_per_remote_item"] = round(1e3 * statistics.median(per_item), 3)
     return out
 
 
@@ -627,12 +799,43 @@ def markdown(args, result: dict) -> str:
                          + "/".join(f"{x['storage_bytes'] / MiB:.1f}" for x in per) + " | "
                          + "/".join(f"{x['remote_bytes'] / MiB:.1f}" for x in per) + " |")
     sh_ = result["shape"]
-    if "mean_time_ratio" in sh_:
+    if "median_slowest_epoch_s" in sh_:
+        lines += ["", f"Epochs 2-{args.epochs}, medians: slowest-server epoch s, each server's own epoch s; "
+                  "CPU s per epoch of all servers together by component (ranks' main processes, their "
+                  "workers, redis-servers, delay relays; machine: the whole machine's busy CPU in the "
+                  "same window, other work and the kernel's interrupts included; irq: the interrupts and "
+                  "softirqs, where packets are received, charged to no process; others: processes not this "
+                  "run's; kthreads: the kernel's threads), and items read from peers:", "",
+                  "| config | slowest epoch s | s per server | CPU main | workers | redis | relays | total | "
+                  "machine | irq | others | kthreads | remote items |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for side, med in sh_["median_slowest_epoch_s"].items():
+            c = sh_["cpu_median_per_epoch"][side]
+            lines.append(f"| {side} | {med:.2f} | "
+                         + "/".join(f"{x:.2f}" for x in sh_["median_epoch_s_per_server"][side])
+                         + f" | {c['ranks_main_s']:.2f} | {c['workers_s']:.2f} | {c['redis_s']:.2f} | "
+                         f"{c['relay_s']:.2f} | {c['total_s']:.2f} | {c['machine_busy_s']:.2f} | "
+                         f"{c['machine_irq_s']:.2f} | {c['other_procs_s']:.2f} | {c['kernel_threads_s']:.2f} | "
+                         f"{c['remote_items']:.0f} |")
+    if "median_time_ratio" in sh_:
         lines += ["", f"From epoch 2: partitioned storage bytes {sh_['partitioned_storage_bytes_from_epoch_2']}; "
-                  f"slowest-server epoch time partitioned / reference {sh_['time_ratio_partitioned_over_reference']} "
-                  f"(mean {sh_['mean_time_ratio']}, target <= 1.2: {'met' if sh_['within_1_2x'] else 'NOT met'})."]
-    lines += ["", "Command:", "", "    " + result["command"], ""]
+                  f"slowest-server epoch time partitioned / reference per epoch "
+                  f"{sh_['time_ratio_partitioned_over_reference']}, of the medians {sh_['median_time_ratio']} "
+                  f"(target <= 1.2: {'met' if sh_['within_1_2x'] else 'NOT met'}). Extra CPU of partitioned over "
+                  f"reference: {sh_['extra_cpu_s_per_epoch']} s per epoch (median)"
+                  + (f", {sh_['extra_cpu_ms_per_remote_item']} ms per remote item"
+                     if "extra_cpu_ms_per_remote_item" in sh_ else "")
+                  + f"; CPU (this run's processes and the interrupts) partitioned / reference "
+                  f"{sh_['cpu_ratio_partitioned_over_reference']} (the time ratio of a CPU-bound epoch on a "
+                  "machine with nothing else running)."]
+    lines += ["", f"Load average (1/5/15 min) before the run {fmt_load(result['load_before'])}, after "
+              f"{fmt_load(result['load_after'])}, on {result['machine']['cores_online']} "
+              "CPU(s).", "", "Command:", "", "    " + result["command"], ""]
     return "\n".join(lines)
+
+
+def fmt_load(load) -> str:
+    return "/".join(f"{x:.2f}" for x in load)
 
 
 def orchestrate(args) -> int:
@@ -643,6 +846,7 @@ def orchestrate(args) -> int:
         print(f"bench: cluster bench skipped: {why}", flush=True)
         return 2 if args.require else 0
     lock = take_lock()
+    load_before = os.getloadavg()
     for sig in SIGNALS:
         signal.signal(sig, _on_signal)
     atexit.register(cleanup)
@@ -660,11 +864,11 @@ def orchestrate(args) -> int:
         build_network(args.servers, args.bandwidth, latency_ms(args.latency), netem)
         tmp = tempfile.mkdtemp(prefix=TMPS)
         storage_cg = storage_cgroup(cgroup.disk_of(args.data), int(args.storage_mbps * MiB))
-        sides = {}
+        sides, cpu = {}, {}
         for side in args.sides.split(","):
             if side not in SIDES:
                 raise SystemExit(f"bench: --sides {side!r}: use some of {','.join(SIDES)}")
-            sides[side] = run_side(args, side, budget, total, files, storage_cg, tmp, relay)
+            sides[side], cpu[side] = run_side(args, side, budget, total, files, storage_cg, tmp, relay)
         pagecache.evict(files)
         result = {"command": report.command(), "dataset": report.dataset(args.data), "versions": report.versions(),
                   "machine": report.machine(sorted(os.sched_getaffinity(0))),
@@ -675,8 +879,9 @@ def orchestrate(args) -> int:
                   "latency_via": "tc netem" if netem else ("a delay relay in front of each redis-server "
                                                            "(this kernel has no sch_netem)" if relay else "none"),
                   "link_measured": links_measured[-1] if links_measured else None,
-                  "budget_bytes": budget, "dataset_bytes": total, "sides": sides}
-        result["shape"] = shape(args, sides)
+                  "budget_bytes": budget, "dataset_bytes": total, "sides": sides, "cpu": cpu,
+                  "load_before": load_before, "load_after": os.getloadavg()}
+        result["shape"] = shape(args, sides, cpu)
         report.write(args.out, result, markdown(args, result))
         return 0
     finally:
@@ -693,7 +898,7 @@ def main() -> None:
     p.add_argument("--latency", default="0.2ms", help="one-way latency added per link (default 0.2ms)")
     p.add_argument("--storage-mbps", type=float, default=10.0, help="shared storage read limit, MiB/s in all")
     p.add_argument("--budget-fraction", type=float, default=0.4, help="per-server budget / dataset bytes")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--size", type=int, default=112)
