@@ -33,14 +33,20 @@ def _size(ctx, param, value):
 @click.option("--data", default=None, type=click.Path(file_okay=False),
               help="ImageFolder root: a folder, or a URL such as s3://bucket/prefix (see --storage-options).")
 @click.option("--dataset", "dataset_class", default=None, metavar="MODULE:CLASS",
-              help="Serve your coordl.CoordlDataset subclass instead of --data, e.g. mypkg.data:MyDataset "
-                   "(importable by the daemon: installed, or on PYTHONPATH). Its prep must return (uint8 "
-                   "image (3, N, N) or (N, N, 3) with N = --size, int label); --seed and --on-error are set on it.")
+              help="Serve your coordl.CoordlDataset subclass (or coordl.datasets.audio:AudioFolder) instead of "
+                   "--data, e.g. mypkg.data:MyDataset (importable by the daemon: installed, or on PYTHONPATH). "
+                   "Its prep returns (tensor, int label) with a tensor of one fixed shape and a dtype among "
+                   "uint8, int16, int32, int64, float16, float32, float64: the daemon takes them from its "
+                   "sample_spec() (by default item 0 prepared once) and jobs get (B, *shape) batches. "
+                   "--seed and --on-error are set on it.")
 @click.option("--dataset-args", default=None, metavar="JSON",
               help="With --dataset: its keyword arguments as a JSON object, e.g. '{\"root\": \"/data/x\"}'.")
 @click.option("--batch-size", type=int, required=True, help="Images per batch (the jobs' batch_size).")
 @click.option("--transform", type=click.Choice(names.TRANSFORMS), default="train", show_default=True)
-@click.option("--size", type=int, default=224, show_default=True, help="Output height and width.")
+@click.option("--size", type=int, default=None,
+              help="--data: the output height and width (default 224). --dataset: omit it (the samples' shape "
+                   "and dtype come from the dataset), or give N for a prep that returns uint8 images (3, N, N) "
+                   "or (N, N, 3), served as (B, 3, N, N).")
 @click.option("--epochs", type=int, default=None,
               help="Epochs each job gets (counted from the first whole epoch it joins); the "
                    "daemon exits once every job has had them and left (default: serve until "
@@ -218,9 +224,11 @@ def status_cmd(socket_path, as_json):
         click.echo(json.dumps(st, indent=2))
         return
     occ = st["occupancy"]
+    samples = f"{st['size']}px" if st["size"] else \
+        f"samples {st['sample_dtype']} ({', '.join(map(str, st['sample_shape']))})"
     click.echo(f"coordinator pid {st['pid']} on unix://{st['socket']}, up {st['uptime_s']:.0f} s\n"
                f"  dataset    {st['data']} ({st['items']} items, fingerprint {st['fingerprint'][:12]}, "
-               f"{st['transform']} {st['size']}px)\n"
+               f"{st['transform']} {samples})\n"
                f"  plan       batch {st['batch_size']}, {st['batches_per_epoch']} batches/epoch, "
                f"epochs per job {st['epochs'] or 'unlimited'}, seed {st['seed']}"
                f"{'' if st['shuffle'] else ', no shuffle'}{', drop last' if st['drop_last'] else ''}"

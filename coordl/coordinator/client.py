@@ -3,8 +3,11 @@
 `coordl.DataLoader(dataset, batch_size=B, shuffle=True, coordinator="unix:///path")`
 holds a `Client`: it attaches to the daemon (Hello/Welcome), maps the ring
 read-only, and each ``iter(loader)`` is one `EpochIterator` (Begin, then a
-Next per batch, one always sent ahead). A batch is handed out as tensors that
-view the ring slot, with no copy: it stays valid until the next batch is
+Next per batch, one always sent ahead). The ring's rows are the daemon's sample
+spec (spec.py, from Welcome): uint8 images, handed out as (B, 3, N, N), or a
+dataset's own samples (coordl.AudioFolder's float32 (channels, samples), a
+user's vectors...), handed out as (B, *shape) in their dtype. A batch is handed
+out as tensors that view the ring slot, with no copy: it stays valid until the next batch is
 requested, when the slot is released to the daemon (clone what you keep
 longer; the views are read-only). With ``pin_memory=True`` the batch is
 copied once into (pinned) memory of its own and the slot is released at once.
@@ -41,7 +44,9 @@ first epoch then counts as 0).
 Failures. A batch the daemon could not prepare arrives as BatchFailed, a
 `protocol.Failure`: its kind, the item and file the prep worker was at, and
 the worker's traceback. A bad item (kind "sample") raises `SampleError`
-naming the file, as a local loader does; anything else (a bug, a worker that
+naming the file, as a local loader does; the dataset's or the settings' fault
+(kind "config": a sample of another shape or dtype than the ring's) raises
+`ConfigError` naming the item and the fix; anything else (a bug, a worker that
 died twice on the same rows) raises `CoordinatorError` with the worker's
 traceback (`failure_error`). Either way the job goes on: the next
 ``next(it)`` gets the batch after it.
@@ -73,6 +78,7 @@ from . import protocol as p
 from .channel import _Channel, status  # noqa: F401 (status: coordl.coordinator.client.status)
 from .config import parse_address
 from .ring import INDEX, Layout, Ring
+from .spec import SampleSpec, dataset_spec
 
 _DAEMON_KEYS = ("storage_reads", "storage_bytes", "decodes", "samples", "errors_skipped",
                 "cache_hits", "cache_misses", "cache_inserts")  # what the prep workers count
@@ -80,7 +86,8 @@ _HELLO_TIMEOUT = 30.0
 
 
 class CoordinatedBatch(list[torch.Tensor]):
-    """``[images, labels]`` as coordl's collate gives them, plus where they came from."""
+    """``[images, labels]`` as coordl's collate gives them, plus where they came from (`images` is
+    the batch's samples whatever they are: waveforms, vectors...)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
                  epoch: int, index: int) -> None:
@@ -107,24 +114,28 @@ class Client:
         self._fork = ForkGuard()  # the connection is this process's; a fork may not use it
         self.channel = _Channel(self.path)
         served = dataset.served_as()  # (where, transform or class path, size: coordl/datasets/base.py)
+        mine = dataset_spec(dataset, "coordinator=")  # a user's dataset: its sample_spec() (spec.py)
         try:
             self.channel.send(p.Hello(
                 p.VERSION, dataset.fingerprint, served[0], len(dataset),
                 served[1], served[2], int(dataset.seed), str(dataset.on_error),
-                int(batch_size), bool(shuffle), bool(drop_last), os.getpid()))
+                int(batch_size), bool(shuffle), bool(drop_last), os.getpid(),
+                list(mine.delivered), mine.dtype))
             reply = self.channel.recv(_HELLO_TIMEOUT, "its welcome")
             if isinstance(reply, p.Refused):
                 raise CoordinatorError(f"the coordinator at {self.path} refused this job: {reply.reason}")
             if not isinstance(reply, p.Welcome):
                 raise CoordinatorError(f"the coordinator answered hello with {reply.TYPE!r}")
             self.welcome = reply
-            self.ring = Ring.attach(reply.ring, Layout(reply.slots, reply.batch_size, reply.size))
+            self.spec = SampleSpec.from_wire(reply.sample_shape, reply.sample_dtype, reply.sample_hwc)
+            self.ring = Ring.attach(reply.ring, Layout(reply.slots, reply.batch_size, self.spec.shape,
+                                                       self.spec.dtype))
         except BaseException:
             self.channel.close("attach failed")
             raise
         with warnings.catch_warnings():  # the ring is mapped read-only; so are these views
             warnings.simplefilter("ignore", UserWarning)
-            self._images = [torch.from_numpy(a) for a in self.ring.images]
+            self._samples = [torch.from_numpy(a) for a in self.ring.samples]
             self._labels = [torch.from_numpy(a) for a in self.ring.labels]
             self._ids = [torch.from_numpy(a) for a in self.ring.ids]
         self._held: int | None = None
@@ -188,12 +199,14 @@ class Client:
             self.channel._read_leftovers()  # detached or shut down since: raises saying so
             raise CoordinatorError(f"slot {slot} holds batch {int(self.ring.table[slot, INDEX])}, "
                                    f"not {ready.index}: the ring is corrupt (please report this)")
-        images = self._images[slot][:n]
+        samples = self._samples[slot][:n]
         labels, ids = self._labels[slot][:n], self._ids[slot][:n]
         if pin_memory:
-            images = _copy_out(images)
+            samples = _copy_out(samples)
             labels, ids = labels.clone(), ids.clone()
-        return CoordinatedBatch(images.permute(0, 3, 1, 2), labels, ids, ready.epoch, ready.index)
+        if self.spec.hwc:  # images: (B, N, N, 3) in the ring, (B, 3, N, N) to the job
+            samples = samples.permute(0, 3, 1, 2)
+        return CoordinatedBatch(samples, labels, ids, ready.epoch, ready.index)
 
     def framework_batch(self, indices) -> PreparedBatch:
         """The daemon's next batch, for a loader a framework re-created from ``loader.dataset``
@@ -359,14 +372,18 @@ class EpochIterator:
         return batch
 
 
-def failure_error(reply: p.BatchFailed, epoch: int) -> SampleError | CoordinatorError:
+def failure_error(reply: p.BatchFailed, epoch: int) -> SampleError | ConfigError | CoordinatorError:
     """The exception a job raises for a batch the daemon could not prepare: `SampleError` for a
     bad item (its message names the file; on_error='skip' at `coordl serve` skips such items),
-    `CoordinatorError` with the prep worker's traceback for anything else (a bug, a worker
-    that died): that is not the data's fault, and catching SampleError must not hide it."""
+    `ConfigError` for the dataset's or the settings' fault (e.g. a sample of another shape than
+    the ring's: the message names the item and the fix), `CoordinatorError` with the prep
+    worker's traceback for anything else (a bug, a worker that died): that is not the data's
+    fault, and catching SampleError must not hide it."""
     where = f"batch {reply.index} of epoch {epoch} could not be prepared by the coordinator"
     if reply.kind == "sample":
         return SampleError(f"{where}: {reply.error}")
+    if reply.kind == "config":  # the dataset's or the daemon's settings: the message gives the fix
+        return ConfigError(f"{where}: {reply.error}")
     at = f" at item {reply.item} ({reply.file or 'file unknown'})" if reply.item is not None else ""
     tb = (f"\n\nThe prep worker's traceback:\n{reply.traceback.rstrip()}" if reply.traceback
           else "\n\n(no traceback: see the daemon's log)")
@@ -378,7 +395,7 @@ _warned_no_pin = False
 
 
 def _copy_out(images: torch.Tensor) -> torch.Tensor:
-    """One copy of a slot's images into memory of their own: pinned when there is an accelerator."""
+    """One copy of a slot's samples into memory of their own: pinned when there is an accelerator."""
     global _warned_no_pin
     pin = torch.cuda.is_available()
     if not pin and not _warned_no_pin:
@@ -391,9 +408,6 @@ def _copy_out(images: torch.Tensor) -> torch.Tensor:
 
 
 def _check_dataset(dataset, batch_size) -> None:
-    limitation = getattr(dataset, "coordinator_limitation", None)  # e.g. coordl.AudioFolder
-    if limitation:
-        raise ConfigError(f"coordinator=... cannot serve {type(dataset).__name__}: {limitation}")
     if not isinstance(dataset, CoordlDataset):
         raise ConfigError(f"coordinator=... needs a coordl dataset (the daemon prepares its items); "
                           f"{type(dataset).__name__} is not one: use coordl.ImageFolder(root)")

@@ -60,7 +60,9 @@ class ServeConfig:
     data: str                               # ImageFolder root ("" with `dataset`)
     batch_size: int                         # B
     transform: str = "train"                # "train" or "val"
-    size: int = 224                         # output height and width
+    size: int | None = None                 # --data: output height and width (None: 224); --dataset:
+                                            # None serves its samples by sample_spec() (spec.py), N
+                                            # declares uint8 images (3, N, N) or (N, N, 3)
     epochs: int | None = None               # epochs each job gets (None: serve until stopped)
     seed: int = 0                           # order and augmentation seed
     workers: int = field(default_factory=_default_workers)  # W prep processes
@@ -97,6 +99,8 @@ class ServeConfig:
         for name, low in (("batch_size", 1), ("size", 1), ("workers", 1), ("slots", 2),
                           ("min_jobs", 1)):
             value = getattr(self, name)
+            if name == "size" and value is None:
+                continue
             if not (isinstance(value, int) and value >= low):
                 raise ConfigError(f"--{name.replace('_', '-')} {value!r}: must be an integer >= {low}")
         if self.epochs is not None and self.epochs < 1:
@@ -109,6 +113,11 @@ class ServeConfig:
             raise ConfigError(f"--join-window {self.join_window}: must be >= 0 seconds "
                               "(0: hand out the first batch as soon as a job asks)")
         check_socket_path(self.socket)
+
+    @property
+    def image_size(self) -> int:
+        """The ImageFolder's output size (--data): --size, by default 224."""
+        return 224 if self.size is None else self.size
 
     def _check_backend(self) -> None:
         if self.backend not in BACKENDS:

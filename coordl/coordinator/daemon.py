@@ -69,6 +69,7 @@ from .hello import mismatch
 from .plan import Plan
 from .ring import Layout, Ring, SlotTable
 from .scheduler import Scheduler
+from .spec import served_spec
 from .workers import TaskCounters, WorkerPool
 
 # what signal.signal returns and takes back (typeshed's signal._HANDLER)
@@ -102,18 +103,21 @@ class Daemon:
 
         self.config = config
         folder = from_import_path(config.dataset, config.dataset_args, config.seed, config.on_error) \
-            if config.dataset else ImageFolder(config.data, transform=config.transform, size=config.size,
+            if config.dataset else ImageFolder(config.data, transform=config.transform, size=config.image_size,
                                                seed=config.seed, on_error=config.on_error,
                                                storage_options=config.storage_options)
-        require_fingerprint(folder, f"coordl serve --dataset {config.dataset or config.data}")
+        what = f"coordl serve --dataset {config.dataset}" if config.dataset else f"coordl serve --data {config.data}"
+        require_fingerprint(folder, what)
         self.served = folder.served_as()  # (where, transform or class path, size) as Hellos name it
+        # what one ring row holds (spec.py): images, or the dataset's samples (item 0 prepared once)
+        self.spec = served_spec(folder, config.size if config.dataset else config.image_size, what)
         self.cache = cache_for(folder, config.cache_bytes) if config.cache_bytes else None
         # the prep workers' view: counted per task, read through the cache without page cache
         self.dataset = folder.bind(counters=TaskCounters(), cache=self.cache,
                                    drop_page_cache=self.cache is not None)
         self.plan = Plan(len(self.dataset), config.batch_size, config.seed, config.shuffle,
                          config.drop_last, config.epochs)
-        self.layout = Layout(config.slots, config.batch_size, config.size)
+        self.layout = Layout(config.slots, config.batch_size, self.spec.shape, self.spec.dtype)
         self.socket_path = config.socket
         self.conns: dict[int, _Conn] = {}
         self.stop_reason: str | None = None
@@ -186,7 +190,8 @@ class Daemon:
                                    self.config.join_window)
         self.pool = WorkerPool(self.dataset, self.plan, self.ring, self.config.workers,
                                lambda: [*extra_fds, *self._own_fds()], forget=self.sel.unregister,
-                               backend=self.config.backend, dali_device=self.config.dali_device)
+                               backend=self.config.backend, dali_device=self.config.dali_device,
+                               images=self.spec.hwc)
         self.pool.start()
         self._sync_workers()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -201,10 +206,10 @@ class Daemon:
         listener.setblocking(False)
         self.listener = listener
         self.sel.register(listener, selectors.EVENT_READ, self._on_accept)
-        log.info("pid %d serving %s (%d items, fingerprint %s) on %s: batch %d, %d slots (%.0f MiB), "
-                 "%d workers, epochs per job %s, join window %g s", os.getpid(),
+        log.info("pid %d serving %s (%d items, fingerprint %s, samples %s) on %s: batch %d, %d slots "
+                 "(%.0f MiB), %d workers, epochs per job %s, join window %g s", os.getpid(),
                  p.printable(self.served[0]), len(self.dataset), self.dataset.fingerprint[:12],
-                 p.printable(self.socket_path), self.plan.batch_size, self.layout.slots,
+                 self.spec.describe(), p.printable(self.socket_path), self.plan.batch_size, self.layout.slots,
                  self.layout.total_bytes / 2**20, self.config.workers,
                  self.plan.epochs or "unlimited", self.config.join_window)
 
@@ -448,7 +453,7 @@ class Daemon:
             self._close(conn, msg.reason)
 
     def _hello(self, conn: _Conn, msg: p.Hello, now: float) -> None:
-        problem = mismatch(msg, self.dataset, self.plan)
+        problem = mismatch(msg, self.dataset, self.plan, self.spec)
         if problem is None and conn.job is not None:
             problem = "this connection is already attached as a job"
         if problem is not None:
@@ -460,7 +465,7 @@ class Daemon:
         log.info("job %d (pid %d) attached; it starts at epoch %d", job.id, conn.peer_pid,
                  job.start_epoch)
         self._send(conn, p.Welcome(job.id, os.getpid(), self._running()[0].path, self.layout.slots,
-                                   self.plan.batch_size, self.layout.size,
+                                   self.plan.batch_size, *self.spec.wire(),
                                    self.plan.batches_per_epoch, self.plan.epochs, self.plan.seed,
                                    job.start_epoch))
 
@@ -520,7 +525,8 @@ class Daemon:
         return {
             "pid": os.getpid(), "socket": self.socket_path, "ring": self.ring.path if self.ring else None,
             "data": self.served[0], "fingerprint": self.dataset.fingerprint, "items": len(self.dataset),
-            "transform": self.served[1], "size": self.layout.size,
+            "transform": self.served[1], "size": self.spec.size,  # an image ring's N, else 0
+            "sample_shape": list(self.spec.delivered), "sample_dtype": self.spec.dtype,  # a job's samples
             "batch_size": self.plan.batch_size, "batches_per_epoch": self.plan.batches_per_epoch,
             "epochs": self.plan.epochs,  # each job's (None: no limit)
             "seed": self.plan.seed, "shuffle": self.plan.shuffle, "drop_last": self.plan.drop_last,

@@ -5,12 +5,17 @@ plan, and refuses the job with the text it returns. The dataset (fingerprint
 and length), seed, on_error, transform, size, batch size, shuffle and
 drop_last decide every pixel and label of every batch (plan.py), so a job
 that differs in any of them would silently get batches it did not ask for.
+A dataset served by its sample spec (spec.py: ``coordl serve --dataset`` without
+--size) is also compared by it: a job whose dataset's samples have another
+shape or dtype (built with other arguments, e.g. AudioFolder(seconds=...))
+is refused naming both.
 """
 
 from __future__ import annotations
 
 from . import protocol as p
 from .plan import Plan
+from .spec import SampleSpec
 
 _FLAG = {"seed": "--seed {}", "on_error": "--on-error {}", "transform": "--transform {}",
          "size": "--size {}", "batch_size": "--batch-size {}"}
@@ -27,9 +32,11 @@ def _flag(name: str, value) -> str:
     return _FLAG[name].format(value)
 
 
-def mismatch(msg: p.Hello, dataset, plan: Plan) -> str | None:
+def mismatch(msg: p.Hello, dataset, plan: Plan, spec: SampleSpec | None = None) -> str | None:
     """None when the job would get exactly the batches it asks for; else one text naming every
-    difference, each with the daemon's value, and the fix."""
+    difference, each with the daemon's value, and the fix. `spec` is the daemon's sample spec:
+    one taken from its dataset (not `hwc`: an image ring's size is compared as `size`) must be
+    the job's dataset's too."""
     if msg.version != p.VERSION:
         return (f"protocol version {msg.version} (job) != {p.VERSION} (daemon): run the same "
                 "coordl version in the job and the daemon")
@@ -50,6 +57,12 @@ def mismatch(msg: p.Hello, dataset, plan: Plan) -> str | None:
             diffs.append(f"{name}={job_value!r} (job) != the daemon's {name}={ours!r} "
                          f"({_flag(name, ours)})")
             serve_with.append(_flag(name, job_value))
+    if spec is not None and not spec.hwc:
+        job_spec = SampleSpec(tuple(msg.sample_shape), msg.sample_dtype)
+        if job_spec != spec:
+            diffs.append(f"samples {job_spec.describe()} (the job's dataset's sample_spec()) != the "
+                         f"daemon's {spec.describe()} (its dataset's at its start): build the job's "
+                         "dataset with the daemon's --dataset-args")
     if not diffs:
         return None
     fix = "give the job the daemon's values"

@@ -5,8 +5,9 @@ A message is one frame: a 4-byte big-endian length, then a msgpack map with a
 data never travels here: it lies in the ring (see ring.py); a message only
 names a slot. Every message is a small frozen dataclass; decoding checks the
 type name against the set the receiver accepts, the field names and each
-field's type (a ``dict`` field, StatusReply.status and PrepDone.counters, is
-checked as a map only, not what it holds), and raises `ProtocolError` for
+field's type (a ``list[int]`` field item by item; a ``dict`` field, StatusReply.status
+and PrepDone.counters, as a map only, not what it holds) and the values a message
+checks itself (a failure's kind, a sample spec's dtype and shape), and raises `ProtocolError` for
 anything else. From a job, a malformed or oversized frame costs the daemon
 that one connection, never the process; from one of its own prep workers it
 is a bug, and the daemon stops with a `CoordinatorError` (daemon.py
@@ -41,9 +42,9 @@ from typing import Any, ClassVar, Generic, TypeGuard, TypeVar
 
 import msgpack
 
-from coordl.errors import CoordinatorError, SampleError, item_of
+from coordl.errors import ConfigError, CoordinatorError, SampleError, item_of
 
-VERSION = 4  # 3: Resume/Resumed; 4: BatchFailed carries a Failure
+VERSION = 5  # 3: Resume/Resumed; 4: BatchFailed carries a Failure; 5: sample specs, kind "config"
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 1024      # bytes of one frame the daemon accepts from a client
 MAX_REPLY = 4 * 1024 * 1024  # bytes of one frame a client accepts from the daemon
@@ -104,7 +105,7 @@ def _registry(*classes: type[M]) -> dict[str, type[M]]:
     return {c.TYPE: c for c in classes}
 
 
-FAILURE_KINDS = ("sample", "internal")
+FAILURE_KINDS = ("sample", "config", "internal")
 MAX_TRACEBACK = 16 * 1024  # characters of a worker's traceback that travel (its last ones)
 MAX_ERROR = 4 * 1024       # ... of its one-line error (the first ones)
 
@@ -114,6 +115,25 @@ def _check_kind(kind: str) -> None:
         raise ProtocolError(f"failure kind {kind!r} is not one of {list(FAILURE_KINDS)}")
 
 
+# What one row of the ring may hold (coordinator/spec.py): a tensor of a fixed shape of at most
+# MAX_SAMPLE_DIMS dimensions, each 1..MAX_SAMPLE_DIM, of one of these numpy dtypes (by name).
+SAMPLE_DTYPES = ("uint8", "int16", "int32", "int64", "float16", "float32", "float64")
+MAX_SAMPLE_DIMS = 7
+MAX_SAMPLE_DIM = 2**31 - 1
+
+
+def check_sample(shape: list[int], dtype: str, hwc: bool = False) -> None:
+    """Refuse a sample spec (Hello's, Welcome's) that no ring row can hold; decode() builds
+    messages through __init__, so a bad one from the wire is a ProtocolError."""
+    if dtype not in SAMPLE_DTYPES:
+        raise ProtocolError(f"sample dtype {dtype!r} is not one of {list(SAMPLE_DTYPES)}")
+    if len(shape) > MAX_SAMPLE_DIMS or not all(1 <= d <= MAX_SAMPLE_DIM for d in shape):
+        raise ProtocolError(f"sample shape {shape!r:.80} is not at most {MAX_SAMPLE_DIMS} dimensions "
+                            f"of 1 to {MAX_SAMPLE_DIM}")
+    if hwc and not (len(shape) == 3 and shape[0] == shape[1] and shape[2] == 3 and dtype == "uint8"):
+        raise ProtocolError(f"an image ring's rows are uint8 (N, N, 3), not {dtype} {shape!r:.80}")
+
+
 @dataclass(frozen=True)
 class Failure:
     """Why a chunk of a batch could not be prepared, as data (torch's ``ExceptionWrapper``, DALI's
@@ -121,7 +141,9 @@ class Failure:
     PrepFailed to the daemon, kept by the ring's FAILED slot, sent to each job in BatchFailed;
     client.py raises `SampleError` for a "sample" failure and `CoordinatorError` with the
     worker's traceback for an "internal" one."""
-    kind: str               # "sample": a bad item (SampleError); "internal": a bug, a crash, a death
+    kind: str               # "sample": a bad item (SampleError); "config": the dataset or the daemon's
+                            # settings (ConfigError: e.g. a sample of another shape than the ring's);
+                            # "internal": a bug, a crash, a death
     error: str              # one line: "SampleError: /data/cat/1.jpg: truncated: ..."
     item: int | None = None  # the dataset item the worker was at, when known
     file: str = ""          # its file, when known
@@ -135,8 +157,9 @@ class Failure:
 
     @classmethod
     def from_exception(cls, exc: BaseException, file_of: Callable[[int], str]) -> "Failure":
-        """What a prep worker sends for `exc`: a `SampleError` is the item's fault ("sample"),
-        anything else coordl's or the environment's ("internal"); the item is the one the
+        """What a prep worker sends for `exc`: a `SampleError` is the item's fault ("sample"), a
+        `ConfigError` the dataset's or the settings' ("config"), anything else coordl's or the
+        environment's ("internal"); the item is the one the
         dataset noted (`coordl.errors.at_item`), `file_of(item)` its file."""
         item = item_of(exc)
         file = ""
@@ -145,7 +168,8 @@ class Failure:
                 file = printable(file_of(item))
             except Exception:  # noqa: BLE001 (the report must not fail: the item stays named)
                 file = ""
-        kind = "sample" if isinstance(exc, SampleError) else "internal"
+        kind = "sample" if isinstance(exc, SampleError) else "config" if isinstance(exc, ConfigError) \
+            else "internal"
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return cls(kind, f"{type(exc).__name__}: {exc}"[:MAX_ERROR], item, file, text[-MAX_TRACEBACK:])
 
@@ -167,6 +191,11 @@ class Hello(Message):
     shuffle: bool
     drop_last: bool
     pid: int
+    sample_shape: list[int]  # the job's dataset's samples: (3, size, size) for an image dataset,
+    sample_dtype: str        # else its sample_spec() (coordinator/spec.py); SAMPLE_DTYPES
+
+    def __post_init__(self) -> None:
+        check_sample(self.sample_shape, self.sample_dtype)
 
 
 @dataclass(frozen=True)
@@ -215,11 +244,16 @@ class Welcome(Message):
     ring: str                # path of the ring segment (ring.py)
     slots: int
     batch_size: int
-    size: int
+    sample_shape: list[int]  # one row of the ring's samples (ring.py Layout; coordinator/spec.py)
+    sample_dtype: str        # its numpy dtype name (SAMPLE_DTYPES)
+    sample_hwc: bool         # rows are uint8 (N, N, 3) images the job gets as (3, N, N)
     batches_per_epoch: int
     epochs: int | None       # epochs each job gets (None: as many as it iterates)
     seed: int
     start_epoch: int         # the job's first epoch (late joiners: the next boundary)
+
+    def __post_init__(self) -> None:
+        check_sample(self.sample_shape, self.sample_dtype, self.sample_hwc)
 
 
 @dataclass(frozen=True)
@@ -265,7 +299,8 @@ class BatchFailed(Message):
     """Batch `index` could not be prepared: the first `Failure` of its chunks, field by field."""
     TYPE: ClassVar[str] = "failed"
     index: int
-    kind: str          # FAILURE_KINDS: "sample" (a bad item) or "internal" (anything else)
+    kind: str          # FAILURE_KINDS: "sample" (a bad item), "config" (the dataset's or the settings'
+                       # fault, e.g. a sample of another shape than the ring's) or "internal" (the rest)
     error: str         # one line: the exception's type and message (a bad item's names its file)
     item: int | None   # the dataset item it happened at (None: not known, e.g. a worker died)
     file: str          # that item's file ("" when not known; `printable`)
@@ -367,6 +402,9 @@ def _fits(value: object, tp: Any) -> bool:
         return isinstance(value, dict)
     if tp is type(None):
         return value is None
+    if typing.get_origin(tp) is list:
+        (item,) = typing.get_args(tp)
+        return _is_array(value) and all(_fits(v, item) for v in value)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
     return isinstance(value, tp)

@@ -2,18 +2,20 @@
 
 One segment (segments.py) per daemon, laid out as
 
-    meta     int64[16]         magic, version, daemon pid and start time, K, B, size
+    meta     int64[16]         magic, version, daemon pid and start time, K, B, the sample's
+                               dtype (its index in protocol.SAMPLE_DTYPES), dimensions, shape
     socket   bytes[384]        the daemon's socket path (for `coordl cleanup`), NUL-padded
     table    int64[K, 4]       per slot: state, batch index, epoch, valid rows (a mirror, see below)
     labels   int64[K, B]
     ids      int64[K, B]       dataset item index of each row
-    images   uint8[K, B, size, size, 3]
+    samples  dtype[K, B, *shape]   page-aligned; an image ring's: uint8[K, B, size, size, 3]
 
-Prep workers write rows of `labels`, `ids` and `images` of a FILLING slot;
+The sample's shape and dtype are the daemon's sample spec (spec.py). Prep
+workers write rows of `labels`, `ids` and `samples` of a FILLING slot;
 nothing else writes the data arrays. The daemon alone decides slot states and
 holders (`SlotTable`, in its own memory) and mirrors them into `table` for
 readers that want to check (`coordl status`, a job verifying its slot). Jobs
-map the segment read-only: the tensors they get are views of `images` and
+map the segment read-only: the tensors they get are views of `samples` and
 `labels`.
 
 Slot states and the legal transitions (`SlotTable` raises on any other):
@@ -30,6 +32,7 @@ holder released it, detached or died.
 from __future__ import annotations
 
 import enum
+import math
 import mmap
 import os
 from dataclasses import dataclass
@@ -39,14 +42,15 @@ import numpy as np
 from coordl.errors import CoordinatorError
 
 from . import segments
-from .protocol import Failure
+from .protocol import MAX_SAMPLE_DIMS, SAMPLE_DTYPES, Failure
 
 MAGIC = int.from_bytes(b"CODRING1", "little")
-VERSION = 1
+VERSION = 2  # 2: any sample shape and dtype (was: uint8 images)
 _META, _META_LEN = 0, 16
 _SOCKET_OFF, _SOCKET_LEN = 128, 384
 _TABLE_OFF = 512
-_PID, _START, _SLOTS, _BATCH, _SIZE = 2, 3, 4, 5, 6
+_PID, _START, _SLOTS, _BATCH, _DTYPE, _NDIM, _SHAPE = 2, 3, 4, 5, 6, 7, 8
+_LAYOUT = slice(_SLOTS, _SHAPE + MAX_SAMPLE_DIMS)  # the meta fields Layout.meta gives
 STATE, INDEX, EPOCH, ROWS = 0, 1, 2, 3   # columns of the slot table
 
 
@@ -67,10 +71,23 @@ LEGAL: dict[SlotState, frozenset[SlotState]] = {
 
 @dataclass(frozen=True)
 class Layout:
-    """Where everything lies in the segment: a pure function of (slots, batch_size, size)."""
+    """Where everything lies in the segment: a pure function of (slots, batch_size, sample shape,
+    dtype) (the sample spec, spec.py)."""
     slots: int
     batch_size: int
-    size: int
+    shape: tuple[int, ...]   # one sample (row): an image ring's (size, size, 3)
+    dtype: str = "uint8"     # its numpy dtype name (protocol.SAMPLE_DTYPES)
+
+    @classmethod
+    def images(cls, slots: int, batch_size: int, size: int) -> Layout:
+        """The ring of uint8 (size, size, 3) images (coordl serve --data, --size)."""
+        return cls(slots, batch_size, (size, size, 3), "uint8")
+
+    @property
+    def meta(self) -> list[int]:
+        """What the meta block records of the layout (_LAYOUT: K, B, dtype, dimensions, shape)."""
+        dims = list(self.shape) + [0] * (MAX_SAMPLE_DIMS - len(self.shape))
+        return [self.slots, self.batch_size, SAMPLE_DTYPES.index(self.dtype), len(self.shape), *dims]
 
     @property
     def table_bytes(self) -> int:
@@ -85,16 +102,16 @@ class Layout:
         return self.labels_offset + self.slots * self.batch_size * 8
 
     @property
-    def images_offset(self) -> int:
+    def samples_offset(self) -> int:
         return _round_up(self.ids_offset + self.slots * self.batch_size * 8, mmap.PAGESIZE)
 
     @property
-    def slot_image_bytes(self) -> int:
-        return self.batch_size * self.size * self.size * 3
+    def slot_sample_bytes(self) -> int:
+        return self.batch_size * math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def total_bytes(self) -> int:
-        return self.images_offset + self.slots * self.slot_image_bytes
+        return self.samples_offset + self.slots * self.slot_sample_bytes
 
 
 def _round_up(n: int, to: int) -> int:
@@ -106,12 +123,12 @@ class Ring:
 
     def __init__(self, mm: mmap.mmap, layout: Layout, path: str, writable: bool) -> None:
         self.mm, self.layout, self.path, self.writable = mm, layout, path, writable
-        k, b, s = layout.slots, layout.batch_size, layout.size
+        k, b = layout.slots, layout.batch_size
         self.meta = np.ndarray((_META_LEN,), np.int64, mm, _META)
         self.table = np.ndarray((k, 4), np.int64, mm, _TABLE_OFF)
         self.labels = np.ndarray((k, b), np.int64, mm, layout.labels_offset)
         self.ids = np.ndarray((k, b), np.int64, mm, layout.ids_offset)
-        self.images = np.ndarray((k, b, s, s, 3), np.uint8, mm, layout.images_offset)
+        self.samples = np.ndarray((k, b, *layout.shape), np.dtype(layout.dtype), mm, layout.samples_offset)
 
     @classmethod
     def create(cls, name: str, layout: Layout, socket_path: str) -> Ring:
@@ -126,9 +143,8 @@ class Ring:
         os.close(fd)
         ring = cls(mm, layout, path, writable=True)
         ring.meta[:] = 0
-        ring.meta[[_PID, _START, _SLOTS, _BATCH, _SIZE]] = (
-            os.getpid(), segments.proc_start(os.getpid()) or 0, layout.slots, layout.batch_size,
-            layout.size)
+        ring.meta[[_PID, _START]] = (os.getpid(), segments.proc_start(os.getpid()) or 0)
+        ring.meta[_LAYOUT] = layout.meta
         ring.meta[1] = VERSION
         sock = os.fsencode(socket_path)[:_SOCKET_LEN]
         mm[_SOCKET_OFF:_SOCKET_OFF + len(sock)] = sock
@@ -153,6 +169,10 @@ class Ring:
         if int(ring.meta[0]) != MAGIC or int(ring.meta[1]) != VERSION:
             ring.close()
             raise CoordinatorError(f"{path!r} is not a coordl ring of version {VERSION}")
+        if [int(v) for v in ring.meta[_LAYOUT]] != layout.meta:
+            ring.close()
+            raise CoordinatorError(f"ring {path!r} records another layout than the daemon's welcome "
+                                   f"({layout}): the daemon and this job run different coordl versions")
         return ring
 
     @staticmethod
@@ -170,7 +190,7 @@ class Ring:
 
     def close(self) -> None:
         """Drop the views and unmap (a view still referenced elsewhere keeps the pages)."""
-        for name in ("meta", "table", "labels", "ids", "images"):
+        for name in ("meta", "table", "labels", "ids", "samples"):
             self.__dict__.pop(name, None)
         try:
             self.mm.close()

@@ -9,7 +9,9 @@ split into one chunk of rows per worker; each worker has at most
 chunks go to whichever worker is free and batches complete in order.
 
 Backends (`coordl serve --backend`): "cpu" (default) runs the dataset's own
-fetch -> prep -> skip loop (`ImageFolder.prep_rows`, the CPU pipeline);
+fetch -> prep -> skip loop (`ImageFolder.prep_rows`, the CPU pipeline; for a
+dataset served by its sample spec, spec.py, `CoordlDataset.prep_samples`, which
+checks every sample's shape and dtype against the ring's);
 "dali" fetches the chunk's bytes the same way (MinIO cache, then storage,
 counted alike) and decodes and augments them with one DALI pipeline per
 worker (`pipelines/dali.py` `Prep`, one DALI thread, HWC straight into the
@@ -141,14 +143,19 @@ def _file_of(dataset) -> Callable[[int], str]:
     return manifest.path if manifest is not None else lambda i: f"{type(dataset).__name__} item {i}"
 
 
-def row_maker(backend: str, dataset, batch_size: int, dali_device: str = "cpu") -> Callable:
-    """A worker's `rows(items, epoch, images, labels, ids) -> kept` for `backend` ("cpu" or "dali")."""
+def row_maker(backend: str, dataset, batch_size: int, dali_device: str = "cpu",
+              images: bool = True) -> Callable:
+    """A worker's `rows(items, epoch, samples, labels, ids) -> kept` for `backend` ("cpu" or "dali");
+    `images`: the ring holds uint8 (N, N, 3) images (spec.py `hwc`), else the dataset's samples."""
     if backend == "dali":
         return DaliRows(dataset, batch_size, dali_device)
 
-    def cpu_rows(items, epoch: int, images, labels, ids) -> int:
-        return dataset.prep_rows(items, epoch, images, labels, ids=ids)  # the one CPU loop
-    return cpu_rows
+    def cpu_rows(items, epoch: int, samples, labels, ids) -> int:
+        return dataset.prep_rows(items, epoch, samples, labels, ids=ids)  # the one CPU loop
+
+    def spec_rows(items, epoch: int, samples, labels, ids) -> int:
+        return dataset.prep_samples(items, epoch, samples, labels, ids=ids)  # base.py: checked rows
+    return cpu_rows if images else spec_rows
 
 
 def _prep_task(plan: Plan, ring: Ring, task: p.PrepTask, rows_of: Callable) -> int:
@@ -157,12 +164,12 @@ def _prep_task(plan: Plan, ring: Ring, task: p.PrepTask, rows_of: Callable) -> i
     items = plan.batch(task.index)[task.lo:task.hi]
     rows = slice(task.lo, task.hi)
     slot = task.slot
-    return rows_of(items, plan.epoch_of(task.index), ring.images[slot][rows],
+    return rows_of(items, plan.epoch_of(task.index), ring.samples[slot][rows],
                    ring.labels[slot][rows], ring.ids[slot][rows])
 
 
 def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: int,
-                backend: str = "cpu", dali_device: str = "cpu") -> None:
+                backend: str = "cpu", dali_device: str = "cpu", images: bool = True) -> None:
     """The body of a prep worker process; never returns."""
     code = 0
     try:
@@ -171,7 +178,7 @@ def worker_main(sock: socket.socket, dataset, plan: Plan, ring: Ring, parent: in
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # the daemon decides: it closes our
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # socket (EOF) when it shuts down
         counters = dataset.counters
-        rows_of = row_maker(backend, dataset, plan.batch_size, dali_device)  # after fork: DALI's threads
+        rows_of = row_maker(backend, dataset, plan.batch_size, dali_device, images)  # after fork: DALI's threads
         reader = p.FrameReader(p.TO_WORKER, p.MAX_REQUEST)
         while True:
             data = sock.recv(65536)
@@ -217,9 +224,10 @@ class WorkerPool:
     def __init__(self, dataset, plan: Plan, ring: Ring, workers: int,
                  inherited_fds: Callable[[], list[int]],
                  forget: Callable[[socket.socket], object] = lambda sock: None,
-                 backend: str = "cpu", dali_device: str = "cpu") -> None:
+                 backend: str = "cpu", dali_device: str = "cpu", images: bool = True) -> None:
         self.dataset, self.plan, self.ring, self.size = dataset, plan, ring, workers
         self.backend, self.dali_device = backend, dali_device  # config.py checked them
+        self.images = images  # the ring holds images (spec.py hwc), else the dataset's samples
         self.inherited_fds = inherited_fds   # the daemon's descriptors a new worker must close
         self.forget = forget                 # called with a dead worker's socket before it is closed
         self.workers: dict[int, _Worker] = {}  # by socket fd
@@ -247,7 +255,7 @@ class WorkerPool:
                     except OSError:
                         pass
             worker_main(theirs, self.dataset, self.plan, self.ring, parent, self.backend,
-                        self.dali_device)
+                        self.dali_device, self.images)
         theirs.close()
         worker = _Worker(pid, mine, p.FrameReader(p.FROM_WORKER, p.MAX_REPLY))
         self.workers[mine.fileno()] = worker
@@ -320,7 +328,7 @@ class WorkerPool:
         for lo in sorted(batch.kept):
             kept = batch.kept[lo]
             if row != lo and kept:
-                for arr in (self.ring.images, self.ring.labels, self.ring.ids):
+                for arr in (self.ring.samples, self.ring.labels, self.ring.ids):
                     arr[slot, row:row + kept] = arr[slot, lo:lo + kept]
             row += kept
         return row

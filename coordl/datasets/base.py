@@ -50,7 +50,7 @@ import torch
 
 from coordl import names
 from coordl.datasets.onerror import skip_or_raise
-from coordl.errors import ConfigError, CoordinatorError, SampleError, at_item
+from coordl.errors import ConfigError, SampleError, at_item
 from coordl.loader.binding import NO_COUNTERS, Binding, Counting
 from coordl.pipelines import crop
 
@@ -357,14 +357,53 @@ class CoordlDataset(torch.utils.data.Dataset):
         cls = type(self)
         return repr(self)[:200], f"{cls.__module__}:{cls.__qualname__}", 0
 
+    def sample_spec(self) -> tuple[tuple[int, ...], str]:
+        """(shape, dtype) of the tensor of every sample, as numpy names it ("float32"): what one row
+        of the coordinator daemon's ring holds when it serves this dataset (``coordl serve
+        --dataset pkg.mod:Class`` without --size; coordl/coordinator/spec.py), and what a job
+        over it says when it attaches. A sample is ``(tensor, int label)``; the tensor's dtype is
+        one of uint8, int16, int32, int64, float16, float32 or float64, and its shape is the same
+        for every item (the daemon checks every sample against it).
+
+        The default prepares one item once, in epoch 0: item 0, or with on_error="skip" the first
+        that can be read and prepared. Override it to answer without decoding (and without a
+        read), e.g. ``return (1, 16000), "float32"``."""
+        for i in range(len(self)):
+            try:
+                sample = self._prep(self.fetch(i), i, 0)
+            except SampleError:
+                if self.on_error != "skip" or i + 1 >= min(len(self), _SPEC_TRIES):
+                    raise
+                continue
+            arr, _label = _sample_parts(self, i, sample, "the sample spec")
+            return tuple(int(d) for d in arr.shape), arr.dtype.name
+        raise ConfigError(f"{type(self).__name__} has no items, so it has no sample spec: the coordinator "
+                          "serves a dataset with items; override sample_spec() to give (shape, dtype)")
+
     def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
                   ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:
-        """The coordinator's prep: items into rows of `images` (n, h, w, 3) uint8 and `labels`; returns
-        how many rows were kept. The daemon's ring holds images and int labels, so `prep` must
-        return (image, label) with a uint8 image of (3, h, w) or (h, w, 3); anything else is refused."""
+        """The coordinator's prep with ``coordl serve --size N``: items into rows of `images` (n, h, w, 3)
+        uint8 and `labels`; returns how many rows were kept. `prep` must return (image, label) with a
+        uint8 image of (3, h, w) or (h, w, 3); anything else is refused."""
+        def row(i: int, sample: Any) -> tuple[np.ndarray, int]:
+            return _ring_row(self, i, sample, images.shape[1:])
+        return self._rows(indices, epoch, images, labels, ids, kept, row)
+
+    def prep_samples(self, indices: Sequence[int], epoch: int, out: np.ndarray, labels: np.ndarray,
+                     ids: np.ndarray | None = None) -> int:
+        """The coordinator's prep for a dataset served by its `sample_spec` (``coordl serve --dataset``
+        without --size): items into rows of `out` (n, *shape) of the spec's dtype, unchanged, and
+        `labels`; returns how many rows were kept. A sample whose tensor has another shape or dtype
+        than `out`'s rows raises ConfigError naming the item, both specs and the fix."""
+        def row(i: int, sample: Any) -> tuple[np.ndarray, int]:
+            return _spec_row(self, i, sample, out)
+        return self._rows(indices, epoch, out, labels, ids, None, row)
+
+    def _rows(self, indices: Sequence[int], epoch: int, out: np.ndarray, labels: np.ndarray,
+              ids: np.ndarray | None, kept: list[int] | None, row_of: Any) -> int:
         row = 0
         for i, sample in self._prep_batch(indices, epoch):
-            images[row], labels[row] = _ring_row(self, i, sample, images.shape[1:])
+            out[row], labels[row] = row_of(i, sample)
             if ids is not None:
                 ids[row] = i
             if kept is not None:
@@ -374,19 +413,59 @@ class CoordlDataset(torch.utils.data.Dataset):
         return row
 
 
+_SPEC_TRIES = 64  # items sample_spec tries with on_error="skip" before it gives up
+
+
+def _serve_name(ds: CoordlDataset) -> str:
+    return f"coordl serve --dataset {type(ds).__module__}:{type(ds).__qualname__}"
+
+
+def _sample_parts(ds: CoordlDataset, i: int, sample: Any, what: str) -> tuple[np.ndarray, int]:
+    """(tensor as a numpy array, int label) of a (tensor, label) sample, else a ConfigError."""
+    tensor, label = sample if isinstance(sample, (tuple, list)) and len(sample) == 2 else (sample, None)
+    try:
+        arr = tensor.numpy() if isinstance(tensor, torch.Tensor) else np.asarray(tensor)
+    except (TypeError, RuntimeError):  # bfloat16, a tensor on a device, one that requires grad
+        arr = None
+    if arr is None or arr.dtype.kind not in "biuf" or isinstance(label, bool) or \
+            not isinstance(label, (int, np.integer, torch.Tensor)):
+        raise at_item(ConfigError(
+            f"{_serve_name(ds)}: prep({i}) returned {_describe(sample)}, which {what} cannot take: the "
+            "coordinator's ring holds (tensor, int label) samples, a numpy array or CPU tensor of "
+            "uint8, int16, int32, int64, float16, float32 or float64. Return such samples, or load this "
+            "dataset without coordinator="), i)
+    return arr, int(label)
+
+
+def _spec_row(ds: CoordlDataset, i: int, sample: Any, out: np.ndarray) -> tuple[np.ndarray, int]:
+    """(tensor, label) of a sample for a row of `out`, exactly its shape and dtype, or ConfigError."""
+    arr, label = _sample_parts(ds, i, sample, "the daemon's ring")
+    shape, dtype = tuple(out.shape[1:]), out.dtype
+    if tuple(arr.shape) != shape or arr.dtype != dtype:
+        name = type(ds).__qualname__
+        raise at_item(ConfigError(
+            f"{_serve_name(ds)}: prep({i}) returned {arr.dtype.name} {tuple(arr.shape)}, and the daemon's "
+            f"ring holds {dtype.name} {shape} per sample (what {name}.sample_spec() gave at the daemon's "
+            f"start; by default item 0's): make prep return {dtype.name} {shape} for every item (pad or "
+            f"cut to a fixed length, cast with .astype / .to), or override {name}.sample_spec(); or "
+            "load this dataset without coordinator="), i)
+    return arr, label
+
+
 def _ring_row(ds: CoordlDataset, i: int, sample: Any, hwc: tuple) -> tuple[np.ndarray, int]:
-    """(image as (h, w, 3) uint8, label) of a sample for the daemon's ring, or CoordinatorError."""
+    """(image as (h, w, 3) uint8, label) of a sample for the daemon's image ring, or ConfigError."""
     image, label = sample if isinstance(sample, (tuple, list)) and len(sample) == 2 else (sample, None)
     arr = image.numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
     if arr.ndim == 3 and arr.shape[0] == 3 and tuple(arr.shape[1:]) == tuple(hwc[:2]):
         arr = arr.transpose(1, 2, 0)
     if arr.dtype != np.uint8 or tuple(arr.shape) != tuple(hwc) or isinstance(label, bool) or \
             not isinstance(label, (int, np.integer, torch.Tensor)):
-        raise CoordinatorError(
-            f"coordl serve --dataset {type(ds).__module__}:{type(ds).__qualname__}: prep({i}) returned "
-            f"{_describe(sample)}; the daemon's ring holds (image, label) samples: a uint8 image of "
+        raise at_item(ConfigError(
+            f"{_serve_name(ds)}: prep({i}) returned "
+            f"{_describe(sample)}; with --size the daemon's ring holds (image, label) samples: a uint8 image of "
             f"(3, {hwc[0]}, {hwc[1]}) or ({hwc[0]}, {hwc[1]}, 3) (coordl serve --size {hwc[0]}) and an int "
-            "label. Serve this dataset with those samples, or load it without coordinator=")
+            "label. Serve this dataset with those samples, drop --size to serve its samples as they are "
+            "(their shape and dtype from sample_spec()), or load it without coordinator="), i)
     return arr, int(label)
 
 

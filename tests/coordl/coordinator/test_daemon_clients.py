@@ -114,7 +114,7 @@ def test_when_every_connection_is_a_job_a_new_job_is_refused_in_words(tiny_root,
     served = serve(tiny_root)
     ds = coordl.ImageFolder(tiny_root, transform="train", size=32)
     hello = p.Hello(p.VERSION, ds.fingerprint, ds.root, len(ds), "train", 32, 0, "raise", 4, True,
-                    False, os.getpid()).encode()
+                    False, os.getpid(), [3, 32, 32], "uint8").encode()
     attached = []
     for _ in range(LIMIT):  # real attaches over raw sockets: 512 jobs that never iterate
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

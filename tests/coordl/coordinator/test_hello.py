@@ -10,7 +10,7 @@ from coordl.coordinator.plan import Plan
 
 def _hello(ds, **change) -> p.Hello:
     hello = p.Hello(p.VERSION, ds.fingerprint, ds.root, len(ds), ds.transform, ds.size, ds.seed,
-                    ds.on_error, 4, True, False, 1)
+                    ds.on_error, 4, True, False, 1, [3, ds.size, ds.size], "uint8")
     return dataclasses.replace(hello, **change)
 
 

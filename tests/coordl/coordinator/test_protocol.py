@@ -13,7 +13,8 @@ from coordl.errors import SampleError, at_item
 
 
 def test_every_message_round_trips():
-    msgs = [p.Hello(2, "ab" * 32, "/data", 10, "train", 224, 5, "skip", 64, True, False, 42), p.Begin(), p.Next(),
+    msgs = [p.Hello(2, "ab" * 32, "/data", 10, "train", 224, 5, "skip", 64, True, False, 42, [3, 224, 224], "uint8"),
+            p.Begin(), p.Next(),
             p.Release(7), p.Bye(), p.Status(), p.Resume(3, 4, 1)]
     reader = p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST)
     wire = b"".join(m.encode() for m in msgs)
@@ -21,7 +22,7 @@ def test_every_message_round_trips():
     for i in range(0, len(wire), 3):  # frames split anywhere
         out += reader.feed(wire[i:i + 3])
     assert out == msgs
-    replies = [p.Welcome(1, 2, "/dev/shm/x", 8, 64, 224, 10, None, 0, 0), p.Ready(3, 0, 1, 64),
+    replies = [p.Welcome(1, 2, "/dev/shm/x", 8, 64, [224, 224, 3], "uint8", True, 10, None, 0, 0), p.Ready(3, 0, 1, 64),
                p.EndOfEpoch(0), p.BatchFailed(3, "sample", "SampleError: bad.jpg", 7, "/d/bad.jpg", ""),
                p.BatchFailed(4, "internal", "RuntimeError: x", None, "", "Traceback ..."),
                p.Detached("x"), p.ShuttingDown("y"),

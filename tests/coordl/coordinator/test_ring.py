@@ -45,21 +45,21 @@ def test_failed_and_unneeded_slots():
 
 
 def test_ring_segment_layout_and_read_only_attach(tmp_path):
-    layout = Layout(slots=3, batch_size=4, size=8)
+    layout = Layout.images(slots=3, batch_size=4, size=8)
     name = f"{segments.daemon_prefix()}test-ring"
     ring = Ring.create(name, layout, "/tmp/x.sock")
     try:
         assert os.stat(ring.path).st_mode & 0o777 == 0o600
         assert segments.owner(name) == (os.getpid(), segments.proc_start(os.getpid()))
         assert segments.owner_alive(name)
-        ring.images[1, 2] = 7
+        ring.samples[1, 2] = 7
         ring.labels[1, 2] = 3
         reader = Ring.attach(ring.path, layout)
-        assert reader.images[1, 2].max() == 7 and reader.labels[1, 2] == 3
-        assert not reader.images.flags.writeable
+        assert reader.samples[1, 2].max() == 7 and reader.labels[1, 2] == 3
+        assert not reader.samples.flags.writeable
         assert Ring.read_socket_path(ring.path) == "/tmp/x.sock"
         with pytest.raises(CoordinatorError, match="different coordl versions"):
-            Ring.attach(ring.path, Layout(3, 4, 16))
+            Ring.attach(ring.path, Layout.images(3, 4, 16))
         reader.close()
     finally:
         ring.unlink()
