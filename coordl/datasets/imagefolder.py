@@ -121,6 +121,9 @@ class ImageFolder(CoordlDataset):
             passed to its filesystem (``endpoint_url``, ``key``, ``secret``, ``anon``...; the AWS_*
             variables work too). `samples` then give URLs (coordl/datasets/sources.py).
         max_in_flight: requests in flight at once per process when reading from a URL.
+        fetch_client: for ``s3://``: the client item GETs go through: ``"auto"`` (obstore when it
+            is installed and `storage_options` map onto it, else s3fs), ``"obstore"`` or
+            ``"s3fs"``; None: ``$COORDL_S3_CLIENT``, else auto. Listing always uses s3fs.
     """
 
     def __init__(
@@ -137,11 +140,12 @@ class ImageFolder(CoordlDataset):
         manifest_cache: str | None = None,
         storage_options: dict | None = None,
         max_in_flight: int = 32,
+        fetch_client: str | None = None,
     ) -> None:
         size = check_pipeline_args(transform, size, on_error)
         self.manifest, self.objects = sources.open_source(
             root, extensions, is_valid_file, on_error == "skip", rescan, manifest_cache, storage_options,
-            max_in_flight) if sources.is_url(root) else (scan(
+            max_in_flight, fetch_client) if sources.is_url(root) else (scan(
                 root, extensions, is_valid_file, allow_empty=on_error == "skip", rescan=rescan,
                 manifest_cache=manifest_cache), None)
         self.root = self.manifest.root

@@ -119,7 +119,8 @@ def is_url(root: object) -> TypeGuard[str]:
 
 
 def open_source(url: str, extensions: Any, is_valid_file: Any, allow_empty: bool, rescan: bool,
-                manifest_cache: Any, storage_options: dict | None, max_in_flight: int) -> tuple[Any, ObjectFiles]:
+                manifest_cache: Any, storage_options: dict | None, max_in_flight: int,
+                fetch_client: str | None = None) -> tuple[Any, ObjectFiles]:
     """(the manifest, an ObjectFiles) of the ImageFolder at `url` (coordl/manifest/objects.py)."""
     from coordl.errors import ConfigError
     from coordl.manifest import objects
@@ -129,7 +130,8 @@ def open_source(url: str, extensions: Any, is_valid_file: Any, allow_empty: bool
         raise ConfigError(f"is_valid_file is not supported for a dataset at a URL ({url.split('://')[0]}://...): "
                           "pass extensions=(...) to choose the objects")
     manifest, store = objects.scan_url(url, extensions or IMG_EXTENSIONS, allow_empty, storage_options=storage_options,
-                                       max_in_flight=max_in_flight, rescan=rescan, manifest_cache=manifest_cache)
+                                       max_in_flight=max_in_flight, rescan=rescan, manifest_cache=manifest_cache,
+                                       fetch_client=fetch_client)
     return manifest, ObjectFiles(manifest, store)
 
 

@@ -72,7 +72,8 @@ def _local(url: str) -> str:
 
 
 def _remote_index(urls: list[str], storage_options: dict | None, max_in_flight: int, image_ext: Sequence[str],
-                  label_ext: str, folder: str | None, threads: int, rebuild: bool) -> tarindex.TarIndex:
+                  label_ext: str, folder: str | None, threads: int, rebuild: bool,
+                  fetch_client: str | None = None) -> tarindex.TarIndex:
     """The index of shards at object-storage URLs: one store at their common folder, one listing
     of it for the shards' sizes and ETags, then tarindex.build_remote_index."""
     from coordl.cache.objstore import ObjectStore
@@ -94,7 +95,7 @@ def _remote_index(urls: list[str], storage_options: dict | None, max_in_flight: 
     if len(common) < 3 or not common[2]:  # [scheme:, '', bucket, ...]: no bucket in common
         raise ConfigError(f"WebDataset: the shard URLs ({urls[0]}, ...) are not in one bucket: read one bucket "
                           "per WebDataset")
-    objects = ObjectStore.from_url(root, storage_options, max_in_flight=max_in_flight)
+    objects = ObjectStore.from_url(root, storage_options, max_in_flight=max_in_flight, fetch_client=fetch_client)
     keys = [u[len(root) + 1:] for u in urls]
     listed = {o.key: (o.size, o.etag) for o in objects.list()}
     missing = [objects.url_of(k) for k in keys if k not in listed]
@@ -140,6 +141,8 @@ class WebDataset(ImageFolder):
         storage_options: for shards at object-storage URLs (``s3://bucket/train-{000000..000009}.tar``):
             the fsspec options, as `coordl.ImageFolder` takes them (endpoint_url, key, secret, anon, ...).
         max_in_flight: GETs in flight at once per process, for shards in a bucket.
+        fetch_client: for shards in ``s3://``: ``"auto"``, ``"obstore"`` or ``"s3fs"``, as
+            `coordl.ImageFolder` takes it.
     """
 
     def __init__(
@@ -158,6 +161,7 @@ class WebDataset(ImageFolder):
         max_gap: int = tarindex.MAX_GAP,
         storage_options: dict | None = None,
         max_in_flight: int = 32,
+        fetch_client: str | None = None,
     ) -> None:
         size = check_pipeline_args(transform, size, on_error)
         if isinstance(image_ext, str) or not image_ext:
@@ -168,7 +172,7 @@ class WebDataset(ImageFolder):
             raise ConfigError(f"urls={urls!r} names no shard: pass a path or a brace pattern")
         if any(sources.is_url(p) for p in shards):
             self.index = _remote_index(shards, storage_options, max_in_flight, image_ext, label_ext,
-                                       store.directory(index_cache), index_threads, reindex)
+                                       store.directory(index_cache), index_threads, reindex, fetch_client)
         else:
             missing = [p for p in shards if not os.path.isfile(p)]
             if missing:

@@ -104,13 +104,13 @@ def _check_classes(url: str, classes: list[str], counts: list[int], exts: tuple[
 
 def scan_url(url: str, extensions: Sequence[str], allow_empty: bool = False, *,
              storage_options: dict | None = None, max_in_flight: int = 32, rescan: bool = False,
-             manifest_cache: str | os.PathLike | None = None):
+             manifest_cache: str | os.PathLike | None = None, fetch_client: str | None = None):
     """(the Manifest of the ImageFolder at `url`, its ObjectStore). Raises a coordl error naming the
     URL (without secrets) and the fix for a missing bucket or prefix or bad credentials."""
     if extensions is None or isinstance(extensions, str):
         raise ConfigError(f"extensions={extensions!r}: pass a sequence of file endings such as ('.jpg', '.png')")
     exts = tuple(e.lower() for e in extensions)
-    objects = ObjectStore.from_url(url, storage_options, max_in_flight=max_in_flight)
+    objects = ObjectStore.from_url(url, storage_options, max_in_flight=max_in_flight, fetch_client=fetch_client)
     root = objects.url
     classes = objects.list_classes()
     kept, counts = _select(objects.list_tree(classes), classes, exts)

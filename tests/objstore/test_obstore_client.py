@@ -265,3 +265,16 @@ def test_forked_children_and_dataloader_workers_read_through_their_own_obstore(s
     assert out["child"] == {"ok": ["obstore", [s3.local_bytes(k).hex() for k in s3.keys[:3]]]}
     assert out["epochs"] == [True, True] and out["reads"][0] == out["reads"][1]
     assert out["parent_used_obstore"] is False
+
+
+def test_imagefolder_passes_fetch_client_to_its_store(s3, monkeypatch):
+    import coordl
+
+    monkeypatch.delenv("COORDL_S3_CLIENT", raising=False)
+    for client in ("s3fs", "obstore"):
+        ds = coordl.ImageFolder(s3.url, transform="val", size=32, storage_options=s3.options(),
+                                manifest_cache="off", fetch_client=client)
+        assert ds.objects.store.fetch_client == client
+        assert bytes(ds.fetch(0)) == s3.local_bytes(s3.keys[0])
+    with pytest.raises(ConfigError, match="fetch_client"):
+        coordl.ImageFolder(s3.url, storage_options=s3.options(), manifest_cache="off", fetch_client="boto")

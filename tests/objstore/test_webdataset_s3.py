@@ -251,3 +251,14 @@ def test_a_store_without_etags_is_indexed_at_every_start(shards, tmp_path):
         assert web.targets == local.targets and bytes(web.fetch(7)) == bytes(local.fetch(7))
     finally:
         fs.rm("/wds-noetag", recursive=True)
+
+
+@pytest.mark.parametrize("client", ["s3fs", "obstore"])
+def test_fetch_client_reaches_the_shards_store(shards, tmp_path, client, monkeypatch):
+    pytest.importorskip("obstore")
+    monkeypatch.delenv("COORDL_S3_CLIENT", raising=False)
+    remote = coordl.WebDataset(shards.url, transform="val", size=32, storage_options=shards.options(),
+                               index_cache=str(tmp_path), fetch_client=client)
+    local = coordl.WebDataset(shards.pattern, transform="val", size=32, index_cache="off")
+    assert remote.object_store.fetch_client == client
+    assert [bytes(remote.fetch(i)) for i in (0, 17, 39)] == [bytes(local.fetch(i)) for i in (0, 17, 39)]
