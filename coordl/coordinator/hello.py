@@ -28,7 +28,8 @@ def _flag(name: str, value) -> str:
     if name == "drop_last":
         return "--drop-last" if value else "--keep-last"
     if name == "transform" and ":" in str(value):  # a user's dataset class (coordl serve --dataset)
-        return f"--dataset {value}"
+        path, _, settings = str(value).partition(" [")
+        return f"--dataset {path}" + (f" with --dataset-args giving {settings.rstrip(']')}" if settings else "")
     return _FLAG[name].format(value)
 
 

@@ -13,9 +13,10 @@ crop.py `item_rng`): batches are identical whatever `num_workers` is, and
 resume and rank shares are exact, as for `coordl.ImageFolder`. Caches hold the
 encoded file bytes, never waveforms.
 
-The coordinator daemon (`coordl serve`) prepares image batches only; a loader
-with ``coordinator=`` over an AudioFolder is refused with a ConfigError
-(`coordinator_limitation`, read by coordl/coordinator/client.py).
+The coordinator daemon serves it (``coordl serve --dataset
+coordl.datasets.audio:AudioFolder --dataset-args '{"root": ...}'``): its ring
+holds float32 (channels, samples) rows (coordl/coordinator/spec.py), and a job
+with another transform is refused (`served_settings`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import torch
 from coordl.batch import PreparedBatch
 from coordl.buffers import new_shared
 from coordl.cache import storage
-from coordl.datasets.base import cached
 from coordl.datasets.imagefolder import _NO_COUNTERS, _ON_ERROR, CoordlDataset, _epoch_of
 from coordl.errors import ConfigError, SampleError
 from coordl.manifest.build import scan
@@ -71,11 +71,6 @@ class AudioFolder(CoordlDataset):
             them, n > 1 repeats a mono file.
         extensions, target_transform, rescan, manifest_cache: as for `coordl.ImageFolder`.
     """
-
-    #: why the coordinator daemon cannot serve this dataset (coordl/coordinator/client.py)
-    coordinator_limitation = ("the coordinator daemon (coordl serve) prepares image batches only: "
-                              "drop coordinator= and load audio with a local coordl.DataLoader "
-                              "(cache=, rank/world_size and resume work there)")
 
     def __init__(
         self,
@@ -128,33 +123,29 @@ class AudioFolder(CoordlDataset):
         """The epoch whose augmentation `__getitem__` draws (coordl.DataLoader sets it each epoch)."""
         self.epoch = int(epoch)
 
-    # -- the two halves --
-    def fetch(self, i: int) -> bytes | memoryview:
-        """The encoded bytes of item i, from the cache when it holds them, else storage."""
-        hit = cached(self.cache, [i], self.counters).get(i)
-        return hit if hit is not None else self.read(i)
-
+    # -- the two halves (the contract's: uncounted; the base class's fetch/_prep count them) --
     def read(self, i: int) -> bytes:
-        """Item i from storage, counted and offered to the cache."""
+        """Item i's bytes from storage (uncounted, uncached: `fetch` does both)."""
         path = self.manifest.path(i)
         try:
-            raw = storage.read_file(path, drop_page_cache=self.drop_page_cache)
+            return storage.read_file(path, drop_page_cache=self.drop_page_cache)
         except OSError as e:
             raise SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that it "
                               "exists and is readable, or pass on_error='skip'") from None
-        self.counters.add(storage_reads=1, storage_bytes=len(raw))
-        if self.cache is not None and self.cache.put(i, raw):
-            self.counters.add(cache_inserts=1)
-        return raw
 
     def prep(self, raw, i: int, epoch: int | None = None, out: np.ndarray | None = None):
-        """Decode item i's bytes and cut its window: (float32 tensor (channels, samples), label)."""
+        """Decode item i's bytes and cut its window: (float32 tensor (channels, samples), label)
+        (uncounted: the base class counts the decode)."""
         epoch = self.epoch if epoch is None else epoch
-        return torch.from_numpy(self.prep_window(raw, i, epoch, out)), self._target(i)
+        return torch.from_numpy(self._window(raw, i, epoch, out)), self._target(i)
 
     def prep_window(self, raw, i: int, epoch: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Item i's window as float32 (channels, samples); a bad file is a SampleError naming it."""
+        """Item i's window as float32 (channels, samples), counted as one decode."""
         self.counters.add(decodes=1)
+        return self._window(raw, i, epoch, out)
+
+    def _window(self, raw, i: int, epoch: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Item i's window; a bad file is a SampleError naming it."""
         rng = item_rng(self.seed, epoch, i) if self.transform == "train" else None
         try:
             return audio.window(raw, self.sample_rate, self.length, self.transform, rng, self.channels, out)
@@ -165,11 +156,6 @@ class AudioFolder(CoordlDataset):
     def _target(self, i: int):
         label = int(self.manifest.labels[i])
         return label if self.target_transform is None else self.target_transform(label)
-
-    def __getitem__(self, i: int):
-        sample = self.prep(self.fetch(i), i, self.epoch)
-        self.counters.add(samples=1)
-        return sample
 
     def __getitems__(self, indices: Sequence[int]) -> PreparedBatch:
         """One batch: waveforms (B, channels, samples) float32 and labels, bad items skipped or raised."""
@@ -183,7 +169,7 @@ class AudioFolder(CoordlDataset):
             try:
                 raw = None if hits is None else hits.get(i)
                 if raw is None:
-                    raw = self.fetch(i) if hits is None else self.read(i)
+                    raw = self.fetch(i) if hits is None else self._read(i)
                 rows.append(self.prep_window(raw, i, epoch))
             except SampleError:
                 if self.on_error == "raise":
@@ -216,6 +202,11 @@ class AudioFolder(CoordlDataset):
         if rows:
             np.stack(rows, out=waves.numpy())
         return waves
+
+    def served_settings(self) -> str:
+        """A train window (random offset) and a val window (centred) have the same shape: the
+        coordinator compares this text, so a val job never gets a train daemon's batches."""
+        return f"transform={self.transform!r}"
 
     def __repr__(self) -> str:
         return (f"AudioFolder(root={self.root!r}, items={len(self)}, classes={len(self.classes)}, "

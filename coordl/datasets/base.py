@@ -353,9 +353,19 @@ class CoordlDataset(torch.utils.data.Dataset):
     # -- the coordinator daemon (coordl serve --dataset pkg.mod:Class) --
     def served_as(self) -> tuple[str, Any, Any]:
         """(where, kind, size) a coordinator Hello names this dataset by: for a user's subclass its
-        class path as the kind (the daemon must run the same class) and size 0 (the daemon's)."""
+        class path as the kind (the daemon must run the same class), with `served_settings()` in
+        brackets when there are any, and size 0 (the daemon's)."""
         cls = type(self)
-        return repr(self)[:200], f"{cls.__module__}:{cls.__qualname__}", 0
+        settings = self.served_settings()
+        return repr(self)[:200], f"{cls.__module__}:{cls.__qualname__}" + (f" [{settings}]" if settings else ""), 0
+
+    def served_settings(self) -> str:
+        """Optional: the arguments that change what `prep` returns but neither the bytes
+        (`fingerprint`), the seed, on_error nor the sample's shape and dtype show, as one short
+        text such as ``"transform='val'"``. A coordinated job (``coordinator=``) whose dataset
+        gives another text than the daemon's is refused naming both, instead of silently
+        getting batches prepared another way. Default: none."""
+        return ""
 
     def sample_spec(self) -> tuple[tuple[int, ...], str]:
         """(shape, dtype) of the tensor of every sample, as numpy names it ("float32"): what one row

@@ -177,7 +177,7 @@ def test_audio_folder_is_served_to_two_jobs_as_a_local_loader_gives_it(tmp_path,
     ds = coordl.AudioFolder(audio_root, seconds=SECONDS, seed=SEED)
     st = _two_jobs_get_the_local_batches(tmp_path, daemons, AUDIO, args, ds, len(ds))
     assert (st["sample_shape"], st["sample_dtype"], st["size"]) == ([1, 8000], "float32", 0)
-    assert st["transform"] == AUDIO and st["items"] == 10
+    assert st["transform"] == AUDIO + " [transform='train']" and st["items"] == 10
 
 
 def test_user_float32_vectors_are_served_to_two_jobs(tmp_path, daemons):
@@ -192,6 +192,10 @@ def test_a_job_whose_samples_differ_is_refused_naming_both(daemons, audio_root):
     with pytest.raises(coordl.CoordinatorError, match=r"samples float32 \(1, 16000\) \(the job's dataset's "
                        r"sample_spec\(\)\) != the daemon's float32 \(1, 8000\) .*--dataset-args"):
         coordl.DataLoader(longer, batch_size=BATCH, shuffle=True, coordinator=daemon.address)
+    val = coordl.AudioFolder(audio_root, seconds=SECONDS, seed=SEED, transform="val")  # same shape, centred
+    with pytest.raises(coordl.CoordinatorError, match=r"transform=.*transform='val'.*\(job\) != the daemon's "
+                       r".*transform='train'.*--dataset-args giving transform='train'"):
+        coordl.DataLoader(val, batch_size=BATCH, shuffle=True, coordinator=daemon.address)
     same = coordl.DataLoader(coordl.AudioFolder(audio_root, seconds=SECONDS, seed=SEED), batch_size=BATCH,
                              shuffle=True, coordinator=daemon.address)
     waves, labels = next(iter(same))

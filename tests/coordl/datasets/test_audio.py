@@ -214,10 +214,25 @@ def test_rank_shares_are_disjoint_and_cover_the_epoch(audio_root, drop_last):
     assert shares[0] | shares[1] <= everything and len(shares[0] | shares[1]) == (8 if drop_last else 9)
 
 
-def test_coordinator_is_refused_naming_the_limitation(audio_root):
-    ds = coordl.AudioFolder(audio_root, channels=1)
-    with pytest.raises(coordl.ConfigError, match="cannot serve AudioFolder: .*image batches only"):
-        coordl.DataLoader(ds, batch_size=2, coordinator="unix:///nonexistent/coordl.sock")
+def test_each_path_counts_one_read_and_one_decode_per_item(audio_root):
+    # the contract's read/prep are uncounted; fetch and the batch path count once (they counted
+    # twice in the coordinator's prep workers, which go through the base class's fetch and _prep)
+    ds = coordl.AudioFolder(audio_root, channels=1, seconds=0.25)
+    n = len(ds)
+    for path in ("item", "batch", "base"):
+        counted = coordl.DataLoader(ds, batch_size=4)
+        if path == "item":
+            for i in range(n):
+                counted.dataset[i]
+        elif path == "batch":
+            for _ in counted:
+                pass
+        else:  # what a prep worker of coordl serve calls
+            for i in range(n):
+                counted.dataset._prep(counted.dataset.fetch(i), i, 0)
+        stats = counted.stats()
+        assert (stats["storage_reads"], stats["decodes"]) == (n, n), path
+        assert stats["storage_bytes"] == sum(os.path.getsize(ds.manifest.path(i)) for i in range(n))
 
 
 @pytest.mark.parametrize("kwargs,match", [
