@@ -124,7 +124,15 @@ class ImageFolder(CoordlDataset):
         fetch_client: for ``s3://``: the client item GETs go through: ``"auto"`` (obstore when it
             is installed and `storage_options` map onto it, else s3fs), ``"obstore"`` or
             ``"s3fs"``; None: ``$COORDL_S3_CLIENT``, else auto. Listing always uses s3fs.
+        read_ahead: for a `root` at a URL: while a worker prepares a batch, the GETs of the batch it
+            gets next (``coordl.DataLoader`` tells it which) are already in flight, so a batch does
+            not begin with a round trip's wait. At most one batch ahead per worker, never past the
+            epoch's end, never an item the cache holds; each item is still read and counted once.
+            False: each batch's GETs start when the batch does. No effect on a local folder.
+            (ImageFolder only: WebDataset's ranged reads do not read ahead yet.)
     """
+
+    read_ahead: bool = False  # a subclass that does not set it (WebDataset) reads no batch ahead
 
     def __init__(
         self,
@@ -141,8 +149,11 @@ class ImageFolder(CoordlDataset):
         storage_options: dict | None = None,
         max_in_flight: int = 32,
         fetch_client: str | None = None,
+        read_ahead: bool = True,
     ) -> None:
         size = check_pipeline_args(transform, size, on_error)
+        if not isinstance(read_ahead, bool):
+            raise ConfigError(f"read_ahead={read_ahead!r} must be True or False")
         self.manifest, self.objects = sources.open_source(
             root, extensions, is_valid_file, on_error == "skip", rescan, manifest_cache, storage_options,
             max_in_flight, fetch_client) if sources.is_url(root) else (scan(
@@ -150,7 +161,7 @@ class ImageFolder(CoordlDataset):
                 manifest_cache=manifest_cache), None)
         self.root = self.manifest.root
         self.transform, self.size, self.on_error, self.seed = transform, size, on_error, int(seed)
-        self.target_transform = target_transform
+        self.target_transform, self.read_ahead = target_transform, read_ahead
         self.classes = list(self.manifest.classes)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.epoch = 0
@@ -286,10 +297,15 @@ class ImageFolder(CoordlDataset):
         `__getitems__` and by the coordinator's prep workers.
         """
         cache = self.cache
-        hits = cache.get_many(indices, self.counters) if hasattr(cache, "get_many") else \
-            cached(cache, indices, self.counters) if self.objects is not None else None
-        # a partitioned cache's misses are read from storage by threads while the hits decode
-        pending = {} if hits is None else _read_ahead(self, [int(i) for i in indices if int(i) not in hits])
+        early = self._take_ahead(indices, epoch)
+        if early is not None:  # this batch was looked up and its misses' GETs started by the last one
+            hits, pending = early
+        else:
+            hits = cache.get_many(indices, self.counters) if hasattr(cache, "get_many") else \
+                cached(cache, indices, self.counters) if self.objects is not None else None
+            # a partitioned cache's misses are read from storage by threads while the hits decode
+            pending = {} if hits is None else _read_ahead(self, [int(i) for i in indices if int(i) not in hits])
+        self._start_ahead(getattr(indices, "ahead", None), epoch)
         row = 0
         for i in indices:
             i = int(i)
@@ -312,6 +328,18 @@ class ImageFolder(CoordlDataset):
             row += 1
         self.counters.add(samples=row)
         return row
+
+    def _take_ahead(self, indices: Sequence[int], epoch: int) -> tuple[dict, dict] | None:
+        """(hits, {miss: future}) of this batch if the last one read it ahead (sources.py)."""
+        objects = self.objects
+        return objects.take(epoch, indices, self.counters) if self.read_ahead and objects is not None else None
+
+    def _start_ahead(self, ahead: Sequence[int] | None, epoch: int) -> None:
+        """Look up the batch this worker gets next (`EpochBatch.ahead`) in the cache and start its
+        misses' GETs, for the next `prep_rows` to take (at most one batch held per process)."""
+        objects = self.objects
+        if ahead and self.read_ahead and objects is not None:
+            objects.start_ahead(epoch, ahead, cached(self.cache, ahead, self.counters))
 
     def _alloc_batch(self, n: int) -> tuple[torch.Tensor, bool]:
         """uint8 (n, h, w, 3), and whether it is in a reusable buffer: in shared memory in a

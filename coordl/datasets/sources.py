@@ -16,13 +16,23 @@ GETs, at most `max_in_flight` per process, retries with back-off, a timeout per 
 decoding of the items that arrived first overlaps the GETs still in flight.
 
 `cache_hits` is the lookup in a MinIO cache done for a whole batch before its misses are read.
+
+Read-ahead (ImageFolder's ``read_ahead``): a worker's batch carries the indices of the batch the same
+worker gets next (`EpochBatch.ahead`, coordl/loader/sampling.py). Right after starting its own misses,
+the batch looks the next one up in the cache and starts its misses (`ObjectFiles.start_ahead`); the
+next batch takes them (`ObjectFiles.take`) instead of looking up and GETting again. One batch at most
+per process is held: whatever `take` is asked for that is not the batch expected (the epoch was left
+early, a resume skipped batches) drops the held one, cancelling the GETs not yet done. An item read
+ahead is counted once, by the batch that takes it: its GET requests and retries when it is taken
+(before its future completes), its read when its bytes are used; GETs of a dropped read-ahead are not
+counted (the server saw them). The cache lookup of a batch read ahead is counted when it is done.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeGuard
 
 from coordl.cache import storage
@@ -81,11 +91,82 @@ def _counting(counters: Any) -> Callable[[int], None]:
     return on_attempts
 
 
+class _Ahead:
+    """The batch this process read ahead: its cache hits and the futures of its misses' GETs, with
+    each GET's request count (filled on the store's thread before its future completes)."""
+
+    def __init__(self, key: tuple[int, tuple[int, ...]], hits: dict[int, Any]) -> None:
+        self.pid, self.key, self.hits = os.getpid(), key, hits
+        self.futures: dict[int, concurrent.futures.Future] = {}
+        self.attempts: dict[int, int] = {}
+
+    def drop(self) -> None:
+        """Cancel the GETs not done (in the process that started them; a forked copy has no loop)."""
+        if self.pid == os.getpid():
+            for f in self.futures.values():
+                f.cancel()
+
+
+def _counted_on_take(f: concurrent.futures.Future, i: int, ahead: _Ahead, counters: Any) -> concurrent.futures.Future:
+    """A future of `f`'s result that first counts item i's GET requests and retries into `counters`."""
+    out: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(f: concurrent.futures.Future) -> None:
+        n = ahead.attempts.get(i)
+        if n is not None and counters is not None:
+            counters.add(storage_requests=n, storage_retries=n - 1)
+        if f.cancelled():
+            out.cancel()
+        elif f.exception() is not None:
+            out.set_exception(f.exception())
+        else:
+            out.set_result(f.result())
+
+    f.add_done_callback(done)
+    return out
+
+
 class ObjectFiles:
     """Items of a manifest as objects below its URL, read through `store` (an ObjectStore)."""
 
     def __init__(self, manifest: Any, store: ObjectStore) -> None:
         self.manifest, self.store = manifest, store
+        self._ahead: _Ahead | None = None  # the one batch read ahead in this process (see above)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ahead": None}  # futures stay in the process that started them
+
+    def start_ahead(self, epoch: int, items: Iterable[int], hits: dict[int, Any]) -> None:
+        """Start the GETs of the batch `items` of `epoch` but for its cache `hits` (looked up and
+        counted by the caller), for the next `take`; drops the batch held before."""
+        items = tuple(int(i) for i in items)
+        self.drop_ahead()
+        ahead = _Ahead((int(epoch), items), hits)
+        for i in dict.fromkeys(items):
+            if i not in hits:
+                def on_attempts(n: int, i: int = i) -> None:
+                    ahead.attempts[i] = n
+                ahead.futures[i] = self.store.submit_many([self.manifest.relpath(i)], on_attempts)[0]
+        self._ahead = ahead
+
+    def take(self, epoch: int, items: Sequence[int], counters: Any = None
+             ) -> tuple[dict[int, Any], dict[int, concurrent.futures.Future]] | None:
+        """(cache hits, {miss: future}) of the batch `items` of `epoch` if it is the one read ahead,
+        else None (and the one held, if any, is dropped). Each future counts its item's requests
+        into `counters` before it completes."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead.pid != os.getpid() or ahead.key != (int(epoch), tuple(int(i) for i in items)):
+            ahead.drop()
+            return None
+        return ahead.hits, {i: _counted_on_take(f, i, ahead, counters) for i, f in ahead.futures.items()}
+
+    def drop_ahead(self) -> None:
+        """Drop the batch read ahead, if any (its GETs not done are cancelled)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.drop()
 
     def url(self, i: int) -> str:
         """Item i's URL, credentials removed."""

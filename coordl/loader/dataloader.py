@@ -9,7 +9,9 @@ additionally:
 
 - counts epochs (each ``iter(loader)`` is one; `set_epoch` to resume) and
   tags every batch of indices with its epoch (`EpochBatch`), so augmentation
-  is a pure function of (seed, epoch, item) even in persistent workers;
+  is a pure function of (seed, epoch, item) even in persistent workers; a batch
+  of the loader's own plan also carries the batch the same worker gets next
+  (``ahead``), which a dataset at a URL reads early (ImageFolder's ``read_ahead``);
 - collates the dataset's prepared batch without a copy: uint8 (B, 3, H, W)
   in channels_last memory format and int64 labels;
 - lets each worker reuse a batch's shared-memory buffer once no tensor in the
@@ -55,7 +57,7 @@ from coordl.loader.caching import cache_for
 from coordl.loader.iterators import MultiIter, Position, SingleIter
 from coordl.loader.options import LoaderOptions
 from coordl.loader.options import default_ranks as _default_ranks
-from coordl.loader.sampling import EpochBatch, EpochIndex, PlanSampler, plan_sampler
+from coordl.loader.sampling import EpochBatch, EpochIndex, PlanSampler, plan_sampler, with_ahead
 from coordl.loader.stats import KEYS, Counters
 
 T_co = TypeVar("T_co", covariant=True)
@@ -72,8 +74,8 @@ class _IndexStream:
     otherwise form a cycle that keeps worker processes alive until gc runs.
     """
 
-    def __init__(self, sampler, loader: DataLoader, tag) -> None:
-        self.sampler, self.tag = sampler, tag
+    def __init__(self, sampler, loader: DataLoader, tag, stride: int = 0) -> None:
+        self.sampler, self.tag, self.stride = sampler, tag, stride  # stride: with_ahead's (0: no `ahead`)
         self._loader = weakref.ref(loader)
 
     def __iter__(self) -> Iterator:
@@ -87,9 +89,13 @@ class _IndexStream:
         if rng is not None:
             rng.begin()  # when torch's RandomSampler would draw its seed
         tag = self.tag
-        for n, item in enumerate(self.sampler):
-            if n >= skip:
-                yield item if tag is None else tag(item, epoch)
+        items = (item for n, item in enumerate(self.sampler) if n >= skip)
+        if self.stride:  # batches of the plan: each carries the same worker's next one (sampling.py)
+            for batch, ahead in with_ahead(items, self.stride):
+                yield EpochBatch(batch, epoch, ahead)
+            return
+        for item in items:
+            yield item if tag is None else tag(item, epoch)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -269,7 +275,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         tag = (EpochBatch if self._auto_collation else EpochIndex) if self._coordl_dataset else None
         if tag is None and self._sampler_rng is None and not self._epoch_skip:
             return sampler
-        return _IndexStream(sampler, self, tag)
+        # `ahead` only over the plan's own batches fed to torch's iterators, whose round-robin it
+        # follows; a batch sampler of anyone else's (Accelerate, Lightning, yours) is left alone
+        own = isinstance(sampler, BatchSampler) and isinstance(sampler.sampler, PlanSampler)
+        stride = max(1, self.num_workers) if tag is EpochBatch and own and self.backend == "cpu" else 0
+        return _IndexStream(sampler, self, tag, stride)
 
     def _get_iterator(self):
         if self.num_workers == 0:

@@ -10,6 +10,7 @@ two functions, so they agree on every batch without talking to each other.
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -66,14 +67,32 @@ def rank_share(order: np.ndarray, rank: int, world_size: int, drop_last: bool = 
 
 
 class EpochBatch(list[int]):
-    """A batch of dataset indices that carries the epoch it belongs to."""
+    """A batch of dataset indices that carries the epoch it belongs to, and `ahead`: the indices of
+    the batch the same worker process gets next in this epoch (None: the last of the epoch, or not
+    known), which a dataset at a URL starts reading early (imagefolder.py `prep_rows`)."""
 
-    def __init__(self, indices: Iterable[int], epoch: int) -> None:
+    def __init__(self, indices: Iterable[int], epoch: int, ahead: Iterable[int] | None = None) -> None:
         super().__init__(indices)
         self.epoch = epoch
+        self.ahead = None if ahead is None else [int(i) for i in ahead]
 
-    def __reduce__(self) -> tuple[type[EpochBatch], tuple[list[int], int]]:
-        return EpochBatch, ([int(i) for i in self], self.epoch)
+    def __reduce__(self) -> tuple[type[EpochBatch], tuple[list[int], int, list[int] | None]]:
+        return EpochBatch, ([int(i) for i in self], self.epoch, self.ahead)
+
+
+def with_ahead(batches: Iterable[list[int]], stride: int) -> Iterator[tuple[list[int], list[int] | None]]:
+    """(batch, the batch `stride` places after it, or None past the end) for each of `batches`.
+
+    torch's multi-process iterator hands batch b of an epoch to worker b % num_workers (its
+    round-robin, reset each epoch), so with stride=num_workers the second is the same worker's next
+    batch; with one process (num_workers=0), stride=1. Holds `stride` batches back, never more."""
+    window: collections.deque[list[int]] = collections.deque()
+    for batch in batches:
+        window.append(batch)
+        if len(window) > stride:
+            yield window.popleft(), batch
+    while window:
+        yield window.popleft(), None
 
 
 class EpochIndex(int):
