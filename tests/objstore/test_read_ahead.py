@@ -31,8 +31,22 @@ def _delta(before: dict, after: dict) -> dict:
 
 
 def _remote(s3, proxy, **options) -> coordl.ImageFolder:
+    options.setdefault("read_ahead", True)  # on whatever the client (default: with obstore only)
     return coordl.ImageFolder(s3.url, transform="train", size=24, seed=3,
                               storage_options=s3.options(endpoint_url=proxy.url), **options)
+
+
+@pytest.mark.parametrize("client, reads_ahead", [("obstore", True), ("s3fs", False)])
+def test_by_default_only_obstore_reads_ahead(s3, proxy, client, reads_ahead):
+    pytest.importorskip("obstore")
+    ds = _remote(s3, proxy, read_ahead=None, fetch_client=client)
+    loader = coordl.DataLoader(ds, batch_size=B, shuffle=True)
+    it = iter(loader)
+    next(it)
+    assert (loader.dataset.objects._ahead is not None) == reads_ahead
+    for _ in it:
+        pass
+    assert loader.stats()["storage_reads"] == len(ds)
 
 
 def test_with_ahead_pairs_each_batch_with_the_one_stride_later():
