@@ -22,14 +22,20 @@ from objstore_common import TESTS, s3server  # noqa: E402
 JOB = os.path.join(TESTS, "integrations", "jobs", "accelerate_job.py")
 
 
-def test_accelerate_one_process_over_s3_keeps_the_cache_and_counters(moto_server, tmp_path):
-    pytest.importorskip("accelerate")
+def _ids_in_bucket(moto_server, tmp_path, bucket: str) -> tuple[str, dict]:
+    """30 JPEGs, one per class (a label is its index), in a local folder and at s3://<bucket>/train;
+    the environment a job finds the store in (AWS_* variables)."""
     root = str(tmp_path / "ids")
     make_dataset(root, images=30, classes=30, size=(64, 48), quality=85, seed=4, workers=1, progress=False)
-    s3server.upload_folder(moto_server, "ids", root, "train")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", AWS_ENDPOINT_URL=moto_server.url,
-               AWS_ACCESS_KEY_ID=s3server.TEST_KEY, AWS_SECRET_ACCESS_KEY=s3server.TEST_SECRET,
-               AWS_DEFAULT_REGION=s3server.REGION)
+    s3server.upload_folder(moto_server, bucket, root, "train")
+    return root, dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", AWS_ENDPOINT_URL=moto_server.url,
+                      AWS_ACCESS_KEY_ID=s3server.TEST_KEY, AWS_SECRET_ACCESS_KEY=s3server.TEST_SECRET,
+                      AWS_DEFAULT_REGION=s3server.REGION)
+
+
+def test_accelerate_one_process_over_s3_keeps_the_cache_and_counters(moto_server, tmp_path):
+    pytest.importorskip("accelerate")
+    root, env = _ids_in_bucket(moto_server, tmp_path, "ids")
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run([sys.executable, JOB, "s3://ids/train", str(out), "3", "cache"], capture_output=True,
@@ -61,12 +67,7 @@ def test_lightning_over_s3_gives_the_local_batches_and_resumes_mid_epoch(moto_se
     """lightning_job.py (2 workers, 2 epochs) over s3:// yields the local copy's steps (item ids and
     pixel digests), every item once per epoch; a checkpoint after 3 steps resumes with the rest."""
     pytest.importorskip("lightning")
-    root = str(tmp_path / "ids")
-    make_dataset(root, images=30, classes=30, size=(64, 48), quality=85, seed=4, workers=1, progress=False)
-    s3server.upload_folder(moto_server, "lids", root, "train")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", AWS_ENDPOINT_URL=moto_server.url,
-               AWS_ACCESS_KEY_ID=s3server.TEST_KEY, AWS_SECRET_ACCESS_KEY=s3server.TEST_SECRET,
-               AWS_DEFAULT_REGION=s3server.REGION)
+    root, env = _ids_in_bucket(moto_server, tmp_path, "lids")
     full = _lightning("s3://lids/train", tmp_path / "full", env, "3")
     assert full == _lightning(root, tmp_path / "local", env)
     for epoch in range(2):
@@ -80,12 +81,7 @@ def test_accelerate_two_ranks_under_torchrun_over_s3_match_the_local_copy(moto_s
     """Two DDP ranks (torchrun, gloo) over s3:// read what two ranks over the local copy read:
     the same items per rank and epoch and the same bytes, each sample one GET (no cache)."""
     pytest.importorskip("accelerate")
-    root = str(tmp_path / "ids")
-    make_dataset(root, images=30, classes=30, size=(64, 48), quality=85, seed=4, workers=1, progress=False)
-    s3server.upload_folder(moto_server, "ids2", root, "train")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", AWS_ENDPOINT_URL=moto_server.url,
-               AWS_ACCESS_KEY_ID=s3server.TEST_KEY, AWS_SECRET_ACCESS_KEY=s3server.TEST_SECRET,
-               AWS_DEFAULT_REGION=s3server.REGION)
+    root, env = _ids_in_bucket(moto_server, tmp_path, "ids2")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     records = {}
     for side, where in (("s3", "s3://ids2/train"), ("local", root)):
