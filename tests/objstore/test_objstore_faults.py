@@ -52,8 +52,12 @@ def test_object_deleted_after_listing_names_its_url(s3):
         store.close()
 
 
-def test_injected_503s_are_retried_counted_and_succeed(s3, proxy):
-    store = ObjectStore.from_url(s3.url, s3.options(endpoint_url=proxy.url))
+@pytest.mark.parametrize("client", ["s3fs", "obstore"])
+def test_injected_503s_are_retried_counted_and_succeed(s3, proxy, client):
+    if client == "obstore":
+        pytest.importorskip("obstore")
+    store = ObjectStore.from_url(s3.url, s3.options(endpoint_url=proxy.url), fetch_client=client)
+    assert store.fetch_client == client, store.fetch_client_reason
     proxy.reset_counts()
     proxy.inject(503, 3)
     assert store.read_many(s3.keys) == [s3.local_bytes(k) for k in s3.keys]

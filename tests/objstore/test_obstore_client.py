@@ -102,16 +102,6 @@ def test_options_and_environment_map_as_botocore_reads_them():
         assert kwargs is None and why in reason and "SK" not in reason
 
 
-def test_injected_503s_are_retried_and_counted_as_with_s3fs(s3, proxy):
-    with _store(s3, s3.options(endpoint_url=proxy.url), "obstore") as store:
-        proxy.reset_counts()
-        proxy.inject(503, 3)
-        assert store.read_many(s3.keys) == [s3.local_bytes(k) for k in s3.keys]
-        assert proxy.counts["GET"] == len(s3.keys) + 3
-        stats = store.stats()
-        assert (stats["gets"], stats["retries"], stats["objects"]) == (len(s3.keys) + 3, 3, len(s3.keys))
-
-
 def test_503s_past_the_retries_and_ranged_reads(s3, proxy):
     with _store(s3, s3.options(endpoint_url=proxy.url), "obstore", retries=2) as store:
         proxy.reset_counts()
