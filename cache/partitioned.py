@@ -82,7 +82,7 @@ import xxhash
 from coordl.errors import CacheError, ConfigError
 
 from . import membership as membership_mod
-from . import nodehealth, nodetls, nodeurl, placement, redisnode
+from . import mgetread, nodehealth, nodetls, nodeurl, placement, redisnode
 from .checksum import digest
 from .forkguard import ForkGuard
 from .sizes import parse_size
@@ -217,6 +217,7 @@ class PartitionedCache:
 
         self._clients = [redis.Redis.from_url(url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
                                               retry=Retry(NoBackoff(), 0), health_check_interval=0,
+                                              **_resp2(redis),
                                               **(self._tls if url.startswith("rediss:") else {}),
                                               redis_connect_func=functools.partial(
                                                   self._on_connect, url))
@@ -393,7 +394,7 @@ class PartitionedCache:
         the node failed."""
         redis = redisnode.redis_module()
         try:
-            return conn.read_response()
+            return mgetread.read_mget(conn)  # each value copied once, socket -> its buffer
         except redis.RedisError as e:
             conn.disconnect()  # (an error reply leaves it usable; a new connection checks the node again)
             self._failed(j, e)
@@ -559,6 +560,12 @@ def _connection(pool: Any) -> Any:
     """A connected connection of redis-py `pool` (redis-py >= 5.3 takes no argument; 4.5-5.2 need
     the command's name)."""
     return pool.get_connection() if _takes_no_command(type(pool)) else pool.get_connection("MGET")
+
+
+def _resp2(redis: Any) -> dict[str, int]:
+    """protocol=2 where redis-py speaks RESP3 (5.0 on; its default from 8.0): the MGET replies are then
+    read by cache/mgetread.py (RESP2 framing, no push messages), as every redis-py before 8.0 did."""
+    return {"protocol": 2} if "protocol" in inspect.signature(redis.Redis.__init__).parameters else {}
 
 
 @functools.lru_cache(maxsize=8)
