@@ -132,12 +132,45 @@ async def _close_session(fs) -> None:
     creator = getattr(fs, "_s3creator", None)  # s3fs (aiobotocore client context)
     if creator is not None:
         await creator.__aexit__(None, None, None)
+    client = getattr(fs, "service_client", None)  # adlfs (azure.storage.blob.aio), and its credential
+    if client is not None:
+        for closable in (client, getattr(fs, "credential", None)):
+            result = getattr(closable, "close", lambda: None)()
+            if asyncio.iscoroutine(result):
+                await result
+        # adlfs's own closers (weakref.finalize(fs, sync, fs.loop, ...)) get loop None from an
+        # asynchronous=True filesystem and would raise 'Loop is not running' at exit: detached
+        for f in list(getattr(weakref.finalize, "_registry", {})):
+            if (info := f.peek()) is not None and info[0] is fs:
+                f.detach()
     session = getattr(fs, "_session", None)  # gcsfs, fsspec http (aiohttp session)
     close = getattr(session, "close", None)
     if close is not None:
         result = close()
         if asyncio.iscoroutine(result):
             await result
+
+
+def _blob_endpoint(connection_string: str) -> str | None:
+    """The BlobEndpoint of an Azure connection string (adlfs's connection_string), e.g. Azurite's."""
+    for part in connection_string.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name.lower() == "blobendpoint" and value:
+            return value
+    return None
+
+
+def _json_api_class(fs_cls: type, protocol: str, options: dict) -> type:
+    """gcsfs's core GCSFileSystem for gs:// at a custom endpoint (endpoint_url, STORAGE_EMULATOR_HOST):
+    the class fsspec names (gcsfs.GCSFileSystem: gcsfs's ExtendedGcsFileSystem by default) first asks
+    each bucket's layout through the gRPC Storage Control API, again on every call until it answers, and
+    an emulator of the JSON API (gcp-storage-emulator, fake-gcs-server) never does (a 60 s timeout per
+    call). coordl only lists and GETs, which the JSON API serves for every bucket."""
+    if protocol not in ("gs", "gcs") or not (options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")):
+        return fs_cls
+    from gcsfs.core import GCSFileSystem
+
+    return GCSFileSystem
 
 
 class ObjectStore:
@@ -161,6 +194,7 @@ class ObjectStore:
         except (ImportError, ValueError) as e:
             raise ConfigError(f"{self.url}: no filesystem for {self._protocol}:// ({self._redact(str(e))}): "
                               f"install it (s3: pip install coordl[s3]; gs: gcsfs; az: adlfs)") from None
+        self._fs_cls = _json_api_class(self._fs_cls, self._protocol, self._options)
         self._root = self._fs_cls._strip_protocol(self._url).rstrip("/")
         self._url_options = self._fs_cls._get_kwargs_from_urls(self._url)
         self._rng = random.Random()
@@ -232,7 +266,9 @@ class ObjectStore:
     def _endpoint(self) -> str:
         opts = self._options
         endpoint = (opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
-                    or (os.environ.get("AWS_ENDPOINT_URL") if self._protocol in ("s3", "s3a") else None))
+                    or (os.environ.get("AWS_ENDPOINT_URL") if self._protocol in ("s3", "s3a") else None)
+                    or (os.environ.get("STORAGE_EMULATOR_HOST") if self._protocol in ("gs", "gcs") else None)
+                    or _blob_endpoint(opts.get("connection_string") or ""))
         return self._redact(endpoint) if endpoint else "the default endpoint"
 
     def __repr__(self) -> str:
