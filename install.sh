@@ -37,4 +37,14 @@ fi
 # Plain Pillow beside pillow-simd, in a side folder that only bench/loaders.py
 # puts first on sys.path (its torch + plain Pillow baseline); nothing else sees it.
 [ -d "$VENV/plain-pillow/PIL" ] || $PIP install -q --target "$VENV/plain-pillow" Pillow
+# Azurite, the Azure Storage emulator the az:// tests start (tests/objservers.py): npm, into the venv.
+AZURITE_VERSION=3.35.0
+if grep -qs "\"version\": \"$AZURITE_VERSION\"" "$VENV/azurite/node_modules/azurite/package.json"; then
+  :
+elif command -v npm >/dev/null 2>&1; then
+  echo "[install] npm install azurite@$AZURITE_VERSION into $VENV/azurite"
+  npm install -s --no-audit --no-fund --prefix "$VENV/azurite" "azurite@$AZURITE_VERSION" >/dev/null
+else
+  echo "[install] npm not found: Azurite not installed, the az:// tests (tests/objstore/test_gcs_azure.py) will skip"
+fi
 $VENV/bin/coordl info
