@@ -38,16 +38,25 @@ CPU the mean of the timed epochs, GETs and requests reaching moto per epoch, war
 - `coordl s3 MinIO f=0.5`: coordl s3 with a MinIO cache of half the bytes (later epochs GET the rest).
 COORDL_S3_CLIENT in the environment picks coordl's S3 client (printed in the header line).
 
-With `--listing N`, the listing of N tiny objects instead (`--classes` default: N / 1281, ImageNet's
+With `--listing N`, coordl's listing of N objects instead (`--classes` default: N / 1281, ImageNet's
 images per class, so each class prefix takes the same two LIST pages of 1000 keys as ImageNet's):
-`ObjectStore.list_tree` through the proxy with `--in-flight` listing calls at once vs one at a time,
-LIST requests counted at the proxy, and the seconds for 1,281,000 objects in 1000 classes from a
-model fed with the measured time of a page (`_model`).
+coordl.ImageFolder("s3://bench/train", max_in_flight=...) built (the root check, list_classes, then
+every class prefix, `--in-flight` at once) one prefix at a time without and with `--latency`, and
+`--in-flight` at once, each against a fresh proxy; LIST requests counted at the proxy (exactly the
+pages needed + the root's listing twice, else the run fails, as it does unless the dataset holds every
+key, class, target and size in walk order), wall seconds, CPU seconds of the client and the store,
+and the seconds for 1,281,000 objects in 1000 classes from a model fed with the measured page (`_model`).
+- `--server static` (default): no moto, no upload: the proxy answers the listing itself from a
+  synthetic bucket of N ImageNet-like keys (train/n01440764/n01440764_10026.JPEG, sizes and ETags
+  from the key; bench/lib/objstore_listing.py), so 1,281,000 objects are measured directly;
+- `--server moto`: N objects of 3 bytes uploaded to moto, every LIST forwarded to it (moto's time
+  per page grows with the bucket: 100,000 objects do not list within the 10 s request timeout).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import importlib.util
 import os
@@ -59,7 +68,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from lib.cpu_sides import SIDES, Sides  # noqa: E402
-from lib.objstore_proxy import FaultProxy, ProxyProcess  # noqa: E402
+from lib.objstore_proxy import ProxyProcess  # noqa: E402
 from lib.objstore_static import StaticProxyProcess, build_index  # noqa: E402
 
 SERVERS = {"static": "GET/HEAD of objects answered by the proxy from the uploaded folder, the rest by moto",
@@ -244,7 +253,7 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
 
 def _fill(server, n: int, classes: int, threads: int = 16) -> list[str]:
     """Put n objects of 3 bytes under bench/train/<class>/ (round robin over the classes), from
-    `threads` threads straight to the server (not through the proxy)."""
+    `threads` threads straight to the server (not through the proxy); their keys below train/, sorted."""
     from concurrent.futures import ThreadPoolExecutor
 
     client = server.client()
@@ -252,67 +261,122 @@ def _fill(server, n: int, classes: int, threads: int = 16) -> list[str]:
     keys = [f"class_{i % classes:04d}/img_{i:08d}.jpg" for i in range(n)]
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda k: client.put_object(Bucket="bench", Key=f"train/{k}", Body=b"jpg"), keys))
-    return keys
+    return sorted(keys)
 
 
-def _model(lists_per_class: int, latency: float, page_s: float, in_flight: int, cpus: int,
+def _model(lists_per_class: int, latency: float, page_s: float, client_s: float, in_flight: int, cpus: int,
            classes: int = 1000) -> dict:
-    """Seconds to list `classes` prefixes of `lists_per_class` LIST pages each (+ 1 listing of the
-    classes), each page costing `latency` + `page_s` (the store's own time for a page, measured
-    without latency). A prefix's pages form a chain (each needs the previous continuation token);
-    prefixes run `in_flight` at once.
+    """Seconds to list `classes` prefixes of `lists_per_class` LIST pages each (+ 2 listings of the
+    classes: the root check and list_classes), each page costing `latency` + `page_s` (a page's time
+    without latency: the store's and the client's) of which `client_s` is the client's CPU.
+    A prefix's pages form a chain (each needs the previous continuation token); prefixes run
+    `in_flight` at once; the client parses every page on its one event-loop thread.
     - one_at_a_time: every page in turn;
     - parallel: ceil(classes / in_flight) rounds of one chain, on a store that serves in_flight
-      pages at once as fast as one (S3);
-    - parallel_here: at least the store's CPU time, all pages over `cpus` cores (the emulator
-      shares this machine's cores: what this machine can show)."""
+      pages at once as fast as one (S3), and at least the client's CPU for every page;
+    - parallel_here: at least every page's time over `cpus` cores (an emulator on this machine)."""
     page = latency + page_s
-    lists = classes * lists_per_class + 1
-    parallel = (-(-classes // in_flight) * lists_per_class + 1) * page
+    lists = classes * lists_per_class + 2
+    parallel = max((-(-classes // in_flight) * lists_per_class + 2) * page, lists * client_s)
     return {"lists": lists, "one_at_a_time": lists * page, "parallel": parallel,
             "parallel_here": max(parallel, lists * page_s / cpus)}
 
 
-def listing(args, server, proxy) -> dict:
+def _listing_store(args, classes: int):
+    """(start(latency) -> a started proxy, the MotoServer or None, the expected keys below train/ in
+    walk order, their sizes or None, seconds to set up)."""
+    t0 = time.perf_counter()
+    if args.server == "static":
+        from lib.objstore_listing import SyntheticBucket, synthetic_keys
+
+        keys = [k.removeprefix("train/") for k in synthetic_keys(args.listing, classes)]
+        sizes = [SyntheticBucket.size("train/" + k) for k in keys]
+        return (lambda latency: StaticProxyProcess(None, {}, latency=latency, listing=(args.listing, classes)).start(),
+                None, keys, sizes, time.perf_counter() - t0)
+    server = MotoServer().start()
+    keys = _fill(server, args.listing, classes)
+    return (lambda latency: ProxyProcess(server.url, latency=latency).start(), server, keys, None,
+            time.perf_counter() - t0)
+
+
+def listing(args) -> dict:
+    """coordl.ImageFolder("s3://bench/train") built (its listing: the root check, the classes, every
+    class prefix) one prefix at a time and `--in-flight` at once; each run against a fresh proxy."""
     import math
 
+    import torch  # noqa: F401 (what the first ImageFolder imports, not timed)
+
+    import coordl
+
+    coordl.ImageFolder  # noqa: B018 (its module, imported now)
     classes = args.classes if args.classes_given else max(1, round(args.listing / 1281))
-    t0 = time.perf_counter()
-    keys = _fill(server, args.listing, classes)
-    fill_s = time.perf_counter() - t0
-    options = server.options() | {"endpoint_url": proxy.url}
+    start, server, keys, sizes, setup_s = _listing_store(args, classes)
+    names = sorted({k.split("/", 1)[0] for k in keys})
+    per_name = collections.Counter(k.split("/", 1)[0] for k in keys)
+    pages = sum(-(-c // 1000) for c in per_name.values())  # each prefix: ceil(objects / 1000) pages
+    roots = 2 * -(-classes // 1000)  # the root check and list_classes: ceil(classes / 1000) pages each
+    store = "synthetic listing in the proxy (bench/lib/objstore_listing.py), no moto" if server is None else \
+        f"moto behind the proxy (uploaded in {setup_s:.0f} s)"
+    print(f"listing {len(keys)} objects in {classes} class prefixes (~{len(keys) // classes} each), server "
+          f"{args.server}: {store}; cpus {len(os.sched_getaffinity(0))}; coordl.ImageFolder(s3://...): {pages} "
+          f"pages of <= 1000 keys + {roots} of the classes' listings (the root check, list_classes)", flush=True)
     results = {}
-    for name, in_flight, latency in (("no latency, one at a time", 1, 0.0), ("one at a time", 1, args.latency),
-                                     ("parallel", args.in_flight, args.latency)):
-        proxy.latency = latency
-        store = ObjectStore.from_url("s3://bench/train", options, max_in_flight=in_flight)
-        proxy.reset_counts()
-        t0 = time.perf_counter()
-        infos = store.list_tree()
-        dt = time.perf_counter() - t0
-        if len(infos) != len(keys):
-            raise SystemExit(f"listed {len(infos)} of {len(keys)} objects: broken run")
-        results[name] = {"seconds": dt, "lists": proxy.counts["GET"], "max_in_flight": proxy.max_in_flight,
-                         "in_flight": in_flight, "latency": latency}
-        store.close()
-    per_class = math.ceil(len(keys) / classes / 1000)
-    pages = classes * per_class
-    page_s = results["no latency, one at a time"]["seconds"] / results["no latency, one at a time"]["lists"]
+    try:
+        runs = {"base": ("no latency, one at a time", 1, 0.0), "one": ("one at a time", 1, args.latency),
+                "parallel": ("parallel", args.in_flight, args.latency)}
+        for name, in_flight, latency in (runs[r] for r in args.runs.split(",")):
+            proxy = start(latency)
+            try:
+                options = (server.options() if server else {"key": "k", "secret": "s"}) | {"endpoint_url": proxy.url}
+                sides = Sides(server=server.proc.pid if server else None, proxy=proxy.pid)
+                warm = ObjectStore.from_url("s3://bench/train", options)  # imports, not timed
+                warm.list_classes()
+                warm.close()
+                proxy.reset_counts()
+                before, t0 = sides.snapshot(), time.perf_counter()
+                ds = coordl.ImageFolder("s3://bench/train", storage_options=options, max_in_flight=in_flight,
+                                        manifest_cache="off")
+                dt, cpu, counts = time.perf_counter() - t0, sides.since(before), dict(proxy.counts)
+                most = proxy.max_in_flight
+            finally:
+                proxy.stop()
+            m = ds.manifest
+            if (len(m) != len(keys) or list(ds.classes) != names or [m.relpath(i) for i in range(len(m))] != keys
+                    or ds.targets != [names.index(k.split("/", 1)[0]) for k in keys]
+                    or (sizes is not None and m.sizes.tolist() != sizes)):
+                raise SystemExit(f"{name}: listed {len(m)} of {len(keys)} objects, or not the expected keys, "
+                                 "classes, targets or sizes in walk order: broken run")
+            retries = ds.objects.store.stats()["retries"]  # a timed-out or failed listing call, listed again
+            ds.objects.store.close()
+            del ds, m
+            gc.collect()
+            need = pages + roots
+            if set(counts) != {"GET"} or counts["GET"] < need or (counts["GET"] > need and not retries):
+                raise SystemExit(f"{name}: requests {counts}, not the {pages} pages + {roots} of the classes' listings")
+            results[name] = {"seconds": dt, "lists": counts.get("GET", 0), "requests": counts, "max_in_flight": most,
+                             "in_flight": in_flight, "latency": latency, "cpu_s": cpu, "retries": retries}
+            print(f"  {name:26s} (in flight {in_flight:2d}, latency {latency * 1000:2.0f} ms): {dt:7.2f} s, "
+                  f"{counts['GET']} LIST requests ({retries} listing calls retried), at most {most} at once at the "
+                  f"proxy; CPU s: client {cpu['loader']:.2f}, store {cpu['server'] + cpu['proxy']:.2f}", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    base = results.get("no latency, one at a time")
+    page_s, client_s = (base["seconds"] / base["lists"], base["cpu_s"]["loader"] / base["lists"]) if base else (0, 0)
     cpus = len(os.sched_getaffinity(0))
-    model = _model(math.ceil(1281 / 1000), args.latency, page_s, args.in_flight, cpus)
-    print(f"listing {len(keys)} objects in {classes} class prefixes ({len(keys) // classes} each; uploaded in "
-          f"{fill_s:.0f} s), cpus {cpus}; {pages} pages of <= 1000 keys + 1 listing of the classes")
-    for name, r in results.items():
-        print(f"  {name:26s} (in flight {r['in_flight']:2d}, latency {r['latency'] * 1000:2.0f} ms): "
-              f"{r['seconds']:6.2f} s, {r['lists']} LIST requests, at most {r['max_in_flight']} at once at the proxy")
-    speedup = results["one at a time"]["seconds"] / results["parallel"]["seconds"]
-    print(f"  parallel / one at a time: {speedup:.1f}x faster; the store's own time per page: {page_s * 1000:.0f} ms")
-    print(f"  model, 1,281,000 objects in 1000 classes ({model['lists']} LISTs, {args.latency * 1000:.0f} ms + "
-          f"{page_s * 1000:.0f} ms each): one at a time {model['one_at_a_time']:.0f} s; {args.in_flight} in flight "
-          f"{model['parallel']:.0f} s on a store serving them at once, {model['parallel_here']:.0f} s with this "
-          f"emulator on {cpus} cores")
-    return {"results": results, "classes": classes, "fill_s": fill_s, "speedup": speedup, "page_s": page_s,
-            "model": model}
+    model = _model(math.ceil(1281 / 1000), args.latency, page_s, client_s, args.in_flight, cpus) if base else None
+    speedup = None
+    if "one at a time" in results and "parallel" in results:
+        speedup = results["one at a time"]["seconds"] / results["parallel"]["seconds"]
+        print(f"  parallel / one at a time: {speedup:.1f}x faster")
+    if model is not None:
+        print(f"  per page without latency: {page_s * 1000:.0f} ms, of which client CPU {client_s * 1000:.0f} ms; "
+              f"model, 1,281,000 objects in 1000 classes ({model['lists']} LISTs, {args.latency * 1000:.0f} ms + "
+              f"{page_s * 1000:.0f} ms each): one at a time {model['one_at_a_time']:.0f} s; {args.in_flight} in "
+              f"flight {model['parallel']:.0f} s on a store serving them at once (client CPU included), "
+              f"{model['parallel_here']:.0f} s with this emulator on {cpus} cores")
+    return {"results": results, "classes": classes, "setup_s": setup_s, "speedup": speedup, "page_s": page_s,
+            "client_s": client_s, "model": model}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -330,17 +394,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--server", choices=sorted(SERVERS), default="static",
                     help="static: " + SERVERS["static"] + " (default); moto: " + SERVERS["moto"])
     ap.add_argument("--listing", type=int, default=0, metavar="N", help="time the listing of N objects instead")
+    ap.add_argument("--runs", default="base,one,parallel",
+                    help="--listing: which runs, of base (one at a time, no latency: feeds the model), one (one "
+                         "at a time) and parallel (--in-flight at once)")
     args = ap.parse_args(argv)
     args.classes_given = args.classes is not None
     args.classes = args.classes or 4
     if args.listing:
-        server = MotoServer().start()
-        proxy = FaultProxy(server.url, latency=args.latency, bandwidth=args.bandwidth).start()
-        try:
-            return listing(args, server, proxy)
-        finally:
-            proxy.stop()
-            server.stop()
+        return listing(args)
     w, h = (int(v) for v in args.size.split("x"))
 
     with tempfile.TemporaryDirectory() as tmp:

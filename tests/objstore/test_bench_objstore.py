@@ -88,11 +88,11 @@ def test_static_route_answers_object_reads_as_moto_does(s3):
             got = _answer(via.get_object, Bucket="data", Key=key, **kw)
             assert got == _answer(direct.get_object, Bucket="data", Key=key, **kw), kw
         assert _answer(via.head_object, Bucket="data", Key=key) == _answer(direct.head_object, Bucket="data", Key=key)
-        assert proxy.routes == {"static": len(calls) + 1, "moto": 0}
+        assert proxy.routes == {"static": len(calls) + 1, "moto": 0, "listing": 0}
         assert _answer(via.get_object, Bucket="data", Key="train/missing.jpg")[:2] == (404, "NoSuchKey")
         listed = [o["Key"] for o in via.list_objects_v2(Bucket="data", Prefix="train/")["Contents"]]
         assert listed == [f"train/{k}" for k in s3.keys]
-        assert proxy.routes == {"static": len(calls) + 1, "moto": 2}
+        assert proxy.routes == {"static": len(calls) + 1, "moto": 2, "listing": 0}
 
         proxy.reset_counts()
         store = ObjectStore.from_url(s3.url, s3.options(endpoint_url=proxy.url), max_in_flight=8)
@@ -106,3 +106,73 @@ def test_static_route_answers_object_reads_as_moto_does(s3):
         assert proxy.counts["HEAD"] == 1 and proxy.counts["GET"] == proxy.routes["static"] - 1 + proxy.routes["moto"]
     finally:
         proxy.stop()
+
+
+def _pages(client, **kw) -> list[tuple]:
+    """Every page of a ListObjectsV2 (following NextContinuationToken): (KeyCount, IsTruncated, keys,
+    common prefixes) each."""
+    out, token = [], None
+    while True:
+        r = client.list_objects_v2(Bucket="bench", **kw, **({"ContinuationToken": token} if token else {}))
+        out.append((r["KeyCount"], r["IsTruncated"], [o["Key"] for o in r.get("Contents", [])],
+                    [p["Prefix"] for p in r.get("CommonPrefixes", [])]))
+        if not r["IsTruncated"]:
+            return out
+        token = r["NextContinuationToken"]
+
+
+def test_synthetic_listing_pages_as_moto_does(moto_server):
+    """bench/lib/objstore_listing.py behind objstore_static (no moto): ListObjectsV2 with and without a
+    delimiter, small MaxKeys, StartAfter and prefixes that match nothing pages exactly as moto does
+    over the same keys; each entry carries the bucket's ETag and size; HeadBucket and HeadObject
+    answer from it (404 for what it does not hold); anything else is 501 and never reaches a moto."""
+    import boto3
+    import botocore.exceptions
+    from objstore_common import BENCH, _load
+
+    listing = _load("coordl_bench_objstore_listing", os.path.join(BENCH, "lib", "objstore_listing.py"))
+    keys = listing.synthetic_keys(40, 3)
+    direct = moto_server.client()
+    direct.create_bucket(Bucket="bench")
+    for k in keys:
+        direct.put_object(Bucket="bench", Key=k, Body=b"")
+    proxy = _static().StaticProxyProcess(None, {}, latency=0.0, listing=(40, 3)).start()
+    try:
+        via = boto3.client("s3", endpoint_url=proxy.url, aws_access_key_id="k", aws_secret_access_key="s",
+                           region_name="us-east-1")
+        cls = keys[0].split("/")[1]
+        for kw in ({"Prefix": "train/"}, {"Prefix": "train/", "Delimiter": "/"}, {"Prefix": "train/", "MaxKeys": 7},
+                   {"Prefix": "train/", "Delimiter": "/", "MaxKeys": 2}, {"Delimiter": "/"}, {},
+                   {"Prefix": f"train/{cls}/", "StartAfter": keys[5], "MaxKeys": 4}, {"Prefix": "train/x"},
+                   {"Prefix": f"train/{cls}"}, {"Prefix": "train/", "Delimiter": "_", "MaxKeys": 1}):
+            assert _pages(via, **kw) == _pages(direct, **kw), kw
+        entry = via.list_objects_v2(Bucket="bench", Prefix="train/", MaxKeys=1)["Contents"][0]
+        assert (entry["ETag"], entry["Size"]) == (listing.SyntheticBucket.etag(keys[0]),
+                                                  listing.SyntheticBucket.size(keys[0]))
+        assert via.head_bucket(Bucket="bench")["ResponseMetadata"]["HTTPStatusCode"] == 200
+        head = via.head_object(Bucket="bench", Key=keys[3])
+        assert (head["ETag"], head["ContentLength"]) == (listing.SyntheticBucket.etag(keys[3]),
+                                                         listing.SyntheticBucket.size(keys[3]))
+        for call, kw in ((via.head_object, {"Bucket": "bench", "Key": "train/missing.JPEG"}),
+                         (via.head_bucket, {"Bucket": "other"}), (via.get_object, {"Bucket": "bench", "Key": keys[0]})):
+            with pytest.raises(botocore.exceptions.ClientError) as e:
+                call(**kw)
+            assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == (501 if call == via.get_object else 404)
+        assert proxy.routes["moto"] == 1 and proxy.routes["static"] == 0  # the GET: 501, no moto behind it
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("server, n, lists", [("static", 3001, 2 + 2 + 1 + 1), ("moto", 300, 2 + 1 + 1 + 1)])
+def test_bench_objstore_listing_runs(server, n, lists):
+    """--listing N over 3 classes: every run (one at a time without and with latency, parallel) sends
+    exactly the pages of each class prefix (3001: 1001 + 1000 + 1000 keys) + the root's listing twice,
+    and the bench checked every key, class, target (and, static, size) of the dataset."""
+    out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "objstore.py"), "--listing", str(n), "--classes",
+                          "3", "--latency", "0.002", "--in-flight", "8", "--server", server],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    runs = [line for line in out.stdout.splitlines() if "LIST requests" in line]
+    want = f", {lists} LIST requests (0 listing calls retried), "
+    assert len(runs) == 3 and all(want in line for line in runs), out.stdout
+    assert "at most 1 at once" in runs[0] and "at most 1 at once" in runs[1] and "model, 1,281,000" in out.stdout
