@@ -66,7 +66,7 @@ def shm_session_dir():
         pytest.fail(f"left in {SHM_DIR} at the end of the session (leaked; removed now): {left}")
 
 
-# -- tiers: `pytest -m "not slow"` is the fast tier a developer runs before every commit ------------
+# -- tiers: `pytest -n 2 -m "not slow"` is the fast tier a developer runs before every commit -------
 # Assigned here, by folder, file and fixture, never test by test: a new test lands in the right tier
 # by where it lives and what it starts. `slow` = starts a `coordl serve` daemon (the `serve`,
 # `shared_serve` and `sockdir` fixtures), runs a training framework (integrations/), a benchmark (bench/), a whole
