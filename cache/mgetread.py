@@ -32,6 +32,8 @@ from . import redisnode
 
 _SMALL = 256             # bytes per read of the framing (a value's payload is read on its own)
 _MAX_LINE = 64 * 2**10   # a framing line longer than this is not Redis
+_LOWAT_MIN = 32 * 2**10  # a value with more than this still to come is waited for with SO_RCVLOWAT,
+_LOWAT_MAX = 128 * 2**10  # at most this much per wake-up (progress within the timeout on slow links)
 _MAX_BULK = 2**32        # nor a value over 4 GiB (Redis' proto-max-bulk-len: 512 MiB by default)
 
 
@@ -62,6 +64,8 @@ class _Reply:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.buf, self.pos = sock, bytearray(), 0
+        # plain TCP (not TLS, whose bytes on the wire are not the payload's; not unix sockets)
+        self.tcp = type(sock) is socket.socket and sock.family in (socket.AF_INET, socket.AF_INET6)
 
     def read(self, conn: Any) -> list[memoryview | None]:
         redis = redisnode.redis_module()
@@ -103,11 +107,20 @@ class _Reply:
         have = min(len(self.buf) - self.pos, size)
         view[:have] = self.buf[self.pos:self.pos + have]
         self.pos += have
-        while have < size:
-            got = self.sock.recv_into(view[have:])
-            if not got:
-                raise ConnectionResetError("connection closed by the server")
-            have += got
+        lowat = 1
+        try:
+            while have < size:
+                want = min(size - have, _LOWAT_MAX) if self.tcp and size - have > _LOWAT_MIN else 1
+                if want != lowat:  # wake up once the value (or _LOWAT_MAX of it) is in, not per packet
+                    self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                    lowat = want
+                got = self.sock.recv_into(view[have:])
+                if not got:
+                    raise ConnectionResetError("connection closed by the server")
+                have += got
+        finally:
+            if lowat != 1 and self.sock.fileno() >= 0:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
         if have > size:
             self.buf, self.pos = bytearray(view[size:have]), 0
         return view[:size].toreadonly()

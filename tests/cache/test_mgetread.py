@@ -34,6 +34,7 @@ def test_values_match_redis_py(redis_nodes):
         got = mgetread.read_mget(conn)
         assert [None if v is None else bytes(v) for v in got] == expected
         assert all(v is None or v.readonly for v in got)
+        assert conn._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1   # as redis-py needs it
     conn.send_command("PING")
     assert conn.read_response() in (b"PONG", "PONG")
     client.connection_pool.release(conn)
