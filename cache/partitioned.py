@@ -23,7 +23,9 @@ the batch takes ~110 ms of one core).
 A batch's items are grouped by owner; each owner gets one MGET, all sent before
 any reply is read (the remote owners' first, the local node's last), then read
 on the calling thread, the local node's first: the transfers overlap and the
-remote replies wait in their sockets' buffers. No thread pool: a thread per
+remote replies wait in their sockets' buffers. Each reply is read by
+cache/mgetread.py, every value received straight into its own buffer (redis-py's
+parser copied it three times). No thread pool: a thread per
 remote owner took 1.2-1.4x the CPU per item for no shorter wait (124-167 against
 97-121 us of process CPU per ~117 KiB item, wall ~600 us both, between namespaces
 on 1 Gbit veth links as bench/cluster.py builds them; 127 against 108 us through
