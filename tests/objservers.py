@@ -91,13 +91,7 @@ class _Child:
             self._workdir = ""
 
     def _end(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        _s3server.stop_child(self.proc)
 
 
 class GcsEmulator(_Child):

@@ -29,6 +29,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_child(proc: subprocess.Popen | None) -> None:
+    """A server the tests started: SIGTERM and wait, SIGKILL after 10 s; reaped."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 class MotoServer:
     """`python -m moto.server` on 127.0.0.1, a child of this process; state lives in its memory."""
 
@@ -58,13 +69,7 @@ class MotoServer:
 
     def stop(self) -> None:
         """SIGTERM and wait (SIGKILL after 10 s)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_child(self.proc)
 
     def kill(self) -> None:
         """SIGKILL, as a store that goes away at once; reaped."""
