@@ -24,7 +24,12 @@ environment variable COORDL_S3_CLIENT, else "auto"):
 - "auto": obstore when it is installed and the options map, else s3fs; `store.fetch_client` says
   which this process uses, `store.fetch_client_reason` why not obstore.
 Both clients make one HTTP request per attempt and share the retries, timeouts, counters and
-error messages below. Keys obstore cannot name (an empty, '.' or '..' segment) go through s3fs.
+error messages below. submit_many's obstore GETs (the loaders' path) run one blocking GET per thread
+on a pool of max_in_flight threads (the in-flight bound) instead of the event loop: obstore's async
+API costs a Python future, a tokio blocking-pool thread and a loop wake-up per step (two steps per
+GET), about twice the client CPU; there the timeout is obstore's own whole-request timeout, reported
+as the loop's TimeoutError is, and a GET already sent is not cancelled (it ends within the timeout).
+Keys obstore cannot name (an empty, '.' or '..' segment) go through s3fs.
 Credentials never appear in a message or a repr (`Redactor`). The policy (retry, back-off,
 classification, redaction) is pure and lives in `objstore_policy.py`; this module is the I/O shell.
 
@@ -53,6 +58,7 @@ import dataclasses
 import os
 import random
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +109,9 @@ class _Runtime:
         self.fs = make_fs(self.loop)
         self.pool = None if self.fs.async_impl else ThreadPoolExecutor(max_in_flight, "coordl-objstore")
         self.sem: asyncio.Semaphore | None = None  # the process-wide in-flight bound of submit_many
+        # submit_many's obstore GETs: one blocking GET per thread, max_in_flight threads (the bound)
+        self.gets = None if self.getter is None else ThreadPoolExecutor(max_in_flight, "coordl-obstore")
+        self.counting = threading.Lock()  # the counters, added to from the loop and the GET threads
 
     def run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -124,8 +133,9 @@ class _Runtime:
             self.thread.join(timeout=5)
         if not self.thread.is_alive():
             self.loop.close()
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self.pool, self.gets):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
 
 async def _close_session(fs) -> None:
@@ -199,7 +209,7 @@ class ObjectStore:
         self._url_options = self._fs_cls._get_kwargs_from_urls(self._url)
         self._rng = random.Random()
         self._runtime: _Runtime | None = None
-        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self._obstore, self._why_not = self._choose_client()
         if check:
             self._check_root()
@@ -350,6 +360,11 @@ class ObjectStore:
         counts = dict(self._counts)
         return {"requests": counts["gets"] + counts["lists"], **counts}
 
+    def _add(self, rt: _Runtime, **counts: int) -> None:
+        with rt.counting:
+            for name, n in counts.items():
+                self._counts[name] += n
+
     # -- one request, with retries --
 
     async def _call(self, rt: _Runtime, name: str, *args, **kwargs):
@@ -368,14 +383,14 @@ class ObjectStore:
         c, err = self._config, None
         for attempt in range(c.retries + 1):
             async with sem:
-                self._counts[counter] += 1
+                self._add(rt, **{counter: 1})
                 try:
                     return await asyncio.wait_for(self._call(rt, name, path, **kwargs), c.timeout), None, attempt + 1
                 except Exception as e:  # noqa: BLE001 (any backend's error; classified below)
                     err = e
             if classify(err) != "retry" or attempt == c.retries:
                 return None, err, attempt + 1
-            self._counts["retries"] += 1
+            self._add(rt, retries=1)
             await asyncio.sleep(backoff(c, attempt, self._rng))
         return None, err, c.retries + 1
 
@@ -420,8 +435,39 @@ class ObjectStore:
         rt = self._rt()
         if rt.sem is None:
             rt.sem = asyncio.Semaphore(self._config.max_in_flight)
+        if rt.gets is not None:  # obstore: each GET on a thread of rt.gets (its size is the bound)
+            return [rt.gets.submit(self._read_blocking, rt, rt.sem, k, on_attempts) for k in keys]
         return [asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, rt.sem, k, on_attempts), rt.loop)
                 for k in keys]
+
+    def _read_blocking(self, rt: _Runtime, sem: asyncio.Semaphore, key: str,
+                       on_attempts: Callable[[int], None] | None) -> bytes:
+        """submit_many's read of one object on a thread of rt.gets: `_read_or_raise` with obstore's
+        blocking GET (same retries, back-off, counters and errors; the timeout is the store's own)."""
+        path, getter = f"{self._root}/{key}", rt.getter
+        if getter is None or not objstore_obstore.path_ok(path):  # s3fs on the loop; this thread holds the slot
+            return asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, sem, key, on_attempts), rt.loop).result()
+        c, err, attempt = self._config, None, 0
+        for attempt in range(c.retries + 1):
+            self._add(rt, gets=1)
+            try:
+                data = getter.get_blocking(path)
+            except Exception as e:  # noqa: BLE001 (classified below)
+                err = e
+            else:
+                err = None
+                break
+            if classify(err) != "retry" or attempt == c.retries:
+                break
+            self._add(rt, retries=1)
+            time.sleep(backoff(c, attempt, self._rng))
+        if err is None:
+            self._add(rt, bytes=len(data), objects=1)
+        if on_attempts is not None:
+            on_attempts(attempt + 1)
+        if err is not None:
+            raise self._sample_error(key, err, attempt + 1)
+        return data
 
     async def _read_or_raise(self, rt: _Runtime, sem: asyncio.Semaphore, key: str,
                              on_attempts: Callable[[int], None] | None = None) -> bytes:
@@ -464,7 +510,7 @@ class ObjectStore:
                                                    start=offset, end=offset + length)
         if err is not None:
             return self._sample_error(key, err, attempts)
-        self._counts["bytes"] += len(data)
+        self._add(rt, bytes=len(data))
         return data
 
     async def _read_one(self, rt: _Runtime, sem: asyncio.Semaphore, key: str):
@@ -475,8 +521,7 @@ class ObjectStore:
         data, err, attempts = await self._attempts(rt, sem, "gets", "cat_file", f"{self._root}/{key}")
         if err is not None:
             return self._sample_error(key, err, attempts), attempts
-        self._counts["bytes"] += len(data)
-        self._counts["objects"] += 1
+        self._add(rt, bytes=len(data), objects=1)
         return data, attempts
 
     async def _read_all(self, rt: _Runtime, keys: list[str], return_errors: bool) -> list:

@@ -120,6 +120,36 @@ def test_503s_past_the_retries_and_ranged_reads(s3, proxy):
         assert proxy.counts["GET"] == 3 and store.stats()["retries"] == 4
 
 
+def test_submit_many_blocking_gets_retry_count_and_time_out_as_read_many(s3, proxy):
+    """submit_many's obstore GETs (one blocking GET per thread, not the loop's): the same bytes, the
+    same retries and counts (on_attempts before the future completes), the same SampleErrors; a store
+    that stops answering is a TimeoutError after `timeout`, retried."""
+    keys = s3.keys[:6]
+    with _store(s3, s3.options(endpoint_url=proxy.url), "obstore", retries=2, timeout=1.0) as store:
+        proxy.reset_counts()
+        proxy.inject(503, 2)  # fewer than an object's 3 attempts, whichever GETs they hit: all succeed
+        attempts: list[int] = []
+        futures = store.submit_many(keys, attempts.append)
+        assert [f.result() for f in futures] == [s3.local_bytes(k) for k in keys]
+        assert len(attempts) == len(keys) and sum(attempts) == len(keys) + 2 == proxy.counts["GET"]
+        stats = store.stats()
+        assert (stats["gets"], stats["retries"], stats["objects"]) == (len(keys) + 2, 2, len(keys))
+        assert stats["bytes"] == sum(len(s3.local_bytes(k)) for k in keys)
+        proxy.reset_counts()
+        proxy.inject(503, 3)
+        attempts.clear()
+        with pytest.raises(SampleError, match=rf"s3://data/train/{keys[0]}: GET failed after 3 attempt\(s\) "
+                                              r"\(S3ServerError: HTTP 503 Service Unavailable: SlowDown .*throttling"):
+            store.submit_many(keys[:1], attempts.append)[0].result()
+        assert attempts == [3] and proxy.counts["GET"] == 3 and store.stats()["retries"] == 4
+        proxy.reset_counts()
+        proxy.hang = True
+        with pytest.raises(SampleError, match=rf"s3://data/train/{keys[1]}: GET failed after 3 attempt\(s\) "
+                                              r"\(TimeoutError: no answer within timeout=1.0 s\)"):
+            store.submit_many(keys[1:2])[0].result()
+        assert proxy.counts["GET"] == 3
+
+
 def test_object_deleted_after_listing_names_its_url(s3):
     with _store(s3, s3.options(), "obstore") as store:
         gone = s3.keys[3]
