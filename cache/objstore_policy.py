@@ -131,6 +131,22 @@ def _secret_values(options, out: set[str], secret: bool = False) -> None:
         out.add(options)
 
 
+#: The parts of an Azure connection string that are credentials by themselves.
+_CONNECTION_SECRETS = ("accountkey", "sharedaccesssignature")
+
+
+def _connection_string_secrets(values: set[str]) -> set[str]:
+    """AccountKey=... and SharedAccessSignature=... of every secret that is an Azure connection string:
+    a message may quote the key alone (an SDK's own error), not the whole string."""
+    out = set()
+    for value in values:
+        for part in value.split(";"):
+            name, sep, secret = part.strip().partition("=")
+            if sep and name.lower() in _CONNECTION_SECRETS and secret:
+                out.add(secret)
+    return out
+
+
 class Redactor:
     """Replaces every credential (storage_options values under key/secret/token/... keys, and the
     AWS_/AZURE_ credential environment variables) and a URL's user:password@ with '***'."""
@@ -139,6 +155,7 @@ class Redactor:
         found: set[str] = set()
         _secret_values(storage_options or {}, found)
         found.update(v for v in (os.environ.get(n) for n in SECRET_ENV_VARS) if v)
+        found.update(_connection_string_secrets(found))
         # longest first, so a secret containing another is replaced whole
         self._secrets = sorted((s for s in found if len(s) >= 3), key=len, reverse=True)
 

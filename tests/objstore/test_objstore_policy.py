@@ -57,6 +57,15 @@ def test_redactor_removes_option_env_and_url_credentials(monkeypatch):
     assert "s3cr3t" not in repr(redact)
 
 
+def test_redactor_hides_the_key_of_an_azure_connection_string_alone(monkeypatch):
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "AccountName=b;AccountKey=envKEY==;EndpointSuffix=x")
+    conn = ("DefaultEndpointsProtocol=http;AccountName=a;AccountKey=Eby8vdM0+/k==;"
+            "BlobEndpoint=http://127.0.0.1:10000/a;SharedAccessSignature=sv=2020&sig=abc%3D")
+    redact = Redactor({"connection_string": conn})
+    assert redact(f"{conn} | key Eby8vdM0+/k== | sas sv=2020&sig=abc%3D | envKEY== | AccountName=a") == \
+        "*** | key *** | sas *** | *** | AccountName=a"
+
+
 def test_walk_order_lists_a_folders_files_before_its_sub_folders():
     keys = ["c/b/x.jpg", "c/z.jpg", "c/a.jpg", "c/a/y.jpg", "b/q.jpg"]
     assert sorted(keys, key=walk_order_key) == ["b/q.jpg", "c/a.jpg", "c/z.jpg", "c/a/y.jpg", "c/b/x.jpg"]
