@@ -314,12 +314,12 @@ def listing(args) -> dict:
     names = sorted({k.split("/", 1)[0] for k in keys})
     per_name = collections.Counter(k.split("/", 1)[0] for k in keys)
     pages = sum(-(-c // 1000) for c in per_name.values())  # each prefix: ceil(objects / 1000) pages
-    roots = 2 * -(-classes // 1000)  # the root check and list_classes: ceil(classes / 1000) pages each
+    roots = -(-classes // 1000)  # the root check (list_classes answers from it): ceil(classes / 1000) pages
     store = "synthetic listing in the proxy (bench/lib/objstore_listing.py), no moto" if server is None else \
         f"moto behind the proxy (uploaded in {setup_s:.0f} s)"
     print(f"listing {len(keys)} objects in {classes} class prefixes (~{len(keys) // classes} each), server "
           f"{args.server}: {store}; cpus {len(os.sched_getaffinity(0))}; coordl.ImageFolder(s3://...): {pages} "
-          f"pages of <= 1000 keys + {roots} of the classes' listings (the root check, list_classes)", flush=True)
+          f"pages of <= 1000 keys + {roots} of the classes' listing (the root check)", flush=True)
     results = {}
     try:
         runs = {"base": ("no latency, one at a time", 1, 0.0), "one": ("one at a time", 1, args.latency),

@@ -11,10 +11,14 @@ Every request has a timeout and is retried with exponential back-off and jitter 
 (S3's 503 SlowDown), 5xx, connection errors and timeouts; after the retries a `SampleError` names
 the object's URL. Listings come in the order a local copy's walk gives (`walk_order_key`).
 
-Which client GETs s3:// objects (`fetch_client`, on `StoreConfig` and `from_url`; default: the
-environment variable COORDL_S3_CLIENT, else "auto"):
+Which client GETs and lists s3:// objects (`fetch_client`, on `StoreConfig` and `from_url`; default:
+the environment variable COORDL_S3_CLIENT for s3:// URLs, else "auto"):
 - "obstore" (Rust; `pip install obstore`; ~0.5 ms of client CPU per GET against ~1.2 ms through
-  s3fs/aiobotocore) for item reads: read_many, submit_many, read_ranges. Listing stays with s3fs.
+  s3fs/aiobotocore) for item reads: read_many, submit_many, read_ranges, and list_tree's class
+  prefixes (parsed in Rust; botocore spends ~120 us of client CPU per listed object). While this
+  process has not started obstore's runtime, list_tree lists in a forked child (objstore_list.py),
+  so that forked DataLoader workers can still GET through obstore. The root, list() and the error
+  probes go through s3fs.
   storage_options map onto obstore's S3Store (`objstore_obstore.s3_config`): endpoint_url (or
   client_kwargs.endpoint_url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL; http:// allowed), key/secret/
   token (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN), anon, requester_pays,
@@ -24,7 +28,10 @@ environment variable COORDL_S3_CLIENT, else "auto"):
 - "auto": obstore when it is installed and the options map, else s3fs; `store.fetch_client` says
   which this process uses, `store.fetch_client_reason` why not obstore.
 Both clients make one HTTP request per attempt and share the retries, timeouts, counters and
-error messages below. submit_many's obstore GETs (the loaders' path) run one blocking GET per thread
+error messages below. s3:// listings go one ListObjectsV2 page per request, each page timed out and
+retried alone (a prefix's retry resumes after its last key received); `lists` counts listing calls
+(one per prefix and per retry). Other protocols list through fsspec's ls/find, one call per prefix
+(its timeout covers the prefix). The root is listed once per construction (`check`). submit_many's obstore GETs (the loaders' path) run one blocking GET per thread
 on a pool of max_in_flight threads (the in-flight bound) instead of the event loop: obstore's async
 API costs a Python future, a tokio blocking-pool thread and a loop wake-up per step (two steps per
 GET), about twice the client CPU; there the timeout is obstore's own whole-request timeout, reported
@@ -66,7 +73,7 @@ from typing import Any, Literal, NamedTuple
 
 from coordl.errors import ConfigError, DatasetError, SampleError
 
-from . import objstore_obstore
+from . import objstore_list, objstore_obstore
 from .forkguard import ForkGuard
 from .objstore_policy import FETCH_CLIENT_ENV, Redactor, StoreConfig, backoff, classify, walk_order_key
 
@@ -211,6 +218,7 @@ class ObjectStore:
         self._runtime: _Runtime | None = None
         self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self._obstore, self._why_not = self._choose_client()
+        self._root_classes: list[str] | None = None  # the construction's listing of the root, for list_classes
         if check:
             self._check_root()
 
@@ -220,8 +228,11 @@ class ObjectStore:
                  fetch_client: str | None = None) -> ObjectStore:
         """The store at `url`; with `check`, lists the root now and raises a coordl error naming the URL
         and the fix for a missing bucket or prefix, bad credentials or an unreachable endpoint.
-        `fetch_client`: "auto", "obstore" or "s3fs" (see the module docstring; None: $COORDL_S3_CLIENT)."""
+        `fetch_client`: "auto", "obstore" or "s3fs" (see the module docstring; None: $COORDL_S3_CLIENT for
+        an s3:// URL, "auto" for others; an explicit "obstore" with another protocol raises ConfigError)."""
         config = StoreConfig(max_in_flight=max_in_flight, timeout=timeout, retries=retries)
+        if fetch_client is None and isinstance(url, str) and not url.startswith(("s3://", "s3a://")):
+            fetch_client = "auto"  # $COORDL_S3_CLIENT names the client of s3:// URLs only
         if fetch_client is not None:
             config = dataclasses.replace(config, fetch_client=fetch_client)
         return cls(url, storage_options, config, check=check)
@@ -567,15 +578,78 @@ class ObjectStore:
             raise self._list_error(path, err, attempts)
         return result
 
+    def _pages_s3(self) -> bool:
+        """Whether listings go page by page (s3:// through s3fs or obstore), else through fsspec's ls/find."""
+        return self._protocol in ("s3", "s3a") and hasattr(self._rt().fs, "_call_s3")
+
+    async def _list_pages(self, rt: _Runtime, sem: asyncio.Semaphore, source, resumable: bool, wait: float):
+        """(objects, prefixes, None, attempts) or (None, None, the last error, attempts): every page of
+        `source` (objstore_list.py), each awaited within `wait` seconds and retried as the policy
+        says. `resumable`: a retry resumes after the last key received, and each page has its own
+        retries; else (a delimiter listing: the root) it starts again. Counts one `lists` per
+        listing call (the first, then each retry), as fsspec's whole-prefix calls were counted."""
+        c, objects, prefixes, after, failed, attempts = self._config, [], [], None, 0, 0
+        while True:
+            attempts += 1
+            async with sem:
+                self._add(rt, lists=1)
+                pages, err = source(after), None
+                try:
+                    while True:
+                        try:
+                            objs, prefs = await asyncio.wait_for(pages.__anext__(), wait)
+                        except StopAsyncIteration:
+                            return objects, prefixes, None, attempts
+                        objects += objs
+                        prefixes += prefs
+                        if resumable and objs:
+                            after, failed = objs[-1][0], 0
+                except Exception as e:  # noqa: BLE001 (any backend's error; classified below)
+                    err = e
+                finally:
+                    await pages.aclose()
+            if classify(err) != "retry" or failed == c.retries:
+                return None, None, err, attempts
+            failed += 1
+            self._add(rt, retries=1)
+            if not resumable:
+                objects, prefixes = [], []
+            await asyncio.sleep(backoff(c, failed - 1, self._rng))
+
+    def _list_root(self) -> tuple[list[str] | None, BaseException | None, int]:
+        """(the class names, sorted, None, attempts) or (None, the error, attempts): one listing of the root."""
+        rt = self._rt()
+        if not self._pages_s3():
+            entries, err, attempts = rt.run(self._attempts(rt, asyncio.Semaphore(1), "lists", "ls", self._root,
+                                                           detail=True))
+            if err is not None:
+                return None, err, attempts
+            return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
+                          if e.get("type") == "directory"), None, attempts
+        bucket, prefix = objstore_list.prefix_of(self._root)
+
+        def source(after):
+            return objstore_list.s3fs_pages(rt.fs, bucket, prefix, "/", after)
+
+        objects, prefixes, err, attempts = rt.run(self._list_pages(rt, asyncio.Semaphore(1), source, False,
+                                                                   self._config.timeout))
+        if err is None and prefix and not objects and not prefixes:
+            err = FileNotFoundError(f"{self._root}: no object below it")  # as s3fs's ls
+        if err is not None:
+            return None, err, attempts
+        return sorted(p[len(prefix):] for p in prefixes), None, attempts
+
     def _check_root(self) -> None:
-        """Raise at construction, naming the URL and the fix, when the root cannot be listed."""
+        """Raise at construction, naming the URL and the fix, when the root cannot be listed. Its
+        listing serves the first `list_classes()` (the root is listed once per construction)."""
         rt = self._rt()
 
         async def probe(path):
             return await self._attempts(rt, asyncio.Semaphore(1), "lists", "ls", path, detail=False)
 
-        _, err, attempts = rt.run(probe(self._root))
+        classes, err, attempts = self._list_root()
         if err is None:
+            self._root_classes = classes
             return
         bucket, _, prefix = self._root.partition("/")
         if classify(err) == "missing" and self._protocol in _BUCKET_PROTOCOLS:
@@ -587,9 +661,15 @@ class ObjectStore:
         raise self._list_error(self._root, err, attempts)
 
     def list_classes(self) -> list[str]:
-        """The first-level prefixes under the root (the class folders), sorted."""
-        entries = self._run_listing("ls", self._root, detail=True)
-        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+        """The first-level prefixes under the root (the class folders), sorted. The first call after
+        construction (with `check`) answers from the construction's listing of the root."""
+        classes, self._root_classes = self._root_classes, None
+        if classes is not None:
+            return classes
+        classes, err, attempts = self._list_root()
+        if err is not None:
+            raise self._list_error(self._root, err, attempts)
+        return classes
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under root/prefix (recursively), in walk order (`walk_order_key`)."""
@@ -600,9 +680,52 @@ class ObjectStore:
     def list_tree(self, classes: Sequence[str] | None = None) -> list[ObjectInfo]:
         """Every object under each class prefix (default: `list_classes()`), the prefixes listed
         concurrently (max_in_flight at once), in walk order. Objects directly under the root are not
-        in any class and are left out, as a local ImageFolder leaves out files beside the class folders."""
+        in any class and are left out, as a local ImageFolder leaves out files beside the class folders.
+        s3:// goes page by page (each page timed out and retried alone), through obstore when the GETs
+        are (in a forked child while this process has not started obstore's runtime, so that its
+        forked DataLoader workers can still use obstore; see objstore_list.py), else through s3fs."""
         classes = self.list_classes() if classes is None else list(classes)
         rt = self._rt()
+        if not self._pages_s3():
+            return self._find_tree(rt, classes)
+        if rt.getter is None or objstore_obstore.runtime_started_here():
+            return self._page_tree(rt, classes)
+        found, counts = objstore_list.in_forked_child(lambda: self._page_tree_counted(classes),
+                                                      f"{self.url}: listing the class prefixes")
+        self._add(rt, **counts)
+        return found
+
+    def _page_tree_counted(self, classes: list[str]) -> tuple[list[ObjectInfo], dict[str, int]]:
+        """(list_tree's objects, the lists and retries it took): the work of in_forked_child."""
+        found = self._page_tree(self._rt(), classes)
+        return found, {k: self._counts[k] for k in ("lists", "retries")}
+
+    def _page_tree(self, rt: _Runtime, classes: list[str]) -> list[ObjectInfo]:
+        getter, fs = rt.getter, rt.fs
+
+        def source_of(c: str) -> tuple[Callable, float]:
+            """(the page source of class prefix c, the seconds one page may take: obstore's own timeout
+            is per request, the wait a backstop for a chunk of several pages; s3fs: one page)."""
+            bucket, prefix = objstore_list.prefix_of(self._root, c)
+            if getter is not None and objstore_obstore.path_ok(f"{bucket}/{prefix[:-1]}"):
+                return (lambda after: getter.list_pages(prefix[:-1], after)), self._config.timeout * 10 + 5
+            return (lambda after: objstore_list.s3fs_pages(fs, bucket, prefix, None, after)), self._config.timeout
+
+        async def go():
+            sem = asyncio.Semaphore(self._config.max_in_flight)
+            sources = [source_of(c) for c in classes]
+            return await asyncio.gather(*(self._list_pages(rt, sem, source, True, wait) for source, wait in sources))
+
+        out, start = [], len(objstore_list.prefix_of(self._root)[1])
+        for c, (objects, _, err, attempts) in zip(classes, rt.run(go())):
+            if err is not None:
+                raise self._list_error(f"{self._root}/{c}", err, attempts)
+            out += [ObjectInfo(k[start:], s, e) for k, s, e in objects]
+        out.sort(key=lambda o: walk_order_key(o.key))
+        return out
+
+    def _find_tree(self, rt: _Runtime, classes: list[str]) -> list[ObjectInfo]:
+        """list_tree through fsspec's find, one call per class prefix (gs://, az://, file://, ...)."""
 
         async def go():
             sem = asyncio.Semaphore(self._config.max_in_flight)
@@ -623,7 +746,6 @@ class ObjectStore:
             if info.get("type") == "directory":
                 continue
             etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
-            out.append(ObjectInfo(name[start:], int(info.get("size") or 0),
-                                  str(etag).strip('"') if etag is not None else None))
+            out.append(ObjectInfo(name[start:], int(info.get("size") or 0), objstore_list.unquote(etag)))
         out.sort(key=lambda o: walk_order_key(o.key))
         return out

@@ -103,3 +103,17 @@ def test_missing_bucket_is_named_at_construction_without_secrets(store):
         coordl.ImageFolder(url, storage_options=store.options())
     for secret in _secrets(store):
         assert secret not in str(caught.value)
+
+
+def test_the_s3_client_variable_leaves_other_protocols_alone(store, monkeypatch):
+    """COORDL_S3_CLIENT=obstore (set for the s3:// jobs of a machine) names the client of s3:// URLs
+    only: a gs:// or az:// dataset lists and reads through fsspec; fetch_client='obstore' passed for
+    such a URL is still a ConfigError."""
+    from coordl.errors import ConfigError
+
+    monkeypatch.setenv("COORDL_S3_CLIENT", "obstore")
+    ds = coordl.ImageFolder(store.url, storage_options=store.options(), manifest_cache="off")
+    assert ds.objects.store.fetch_client == "fsspec" and len(ds) == len(local_walk(store.root))
+    assert bytes(ds.fetch(0)) == open(os.path.join(store.root, ds.manifest.relpath(0)), "rb").read()
+    with pytest.raises(ConfigError, match="obstore reads only s3://"):
+        coordl.ImageFolder(store.url, storage_options=store.options(), manifest_cache="off", fetch_client="obstore")

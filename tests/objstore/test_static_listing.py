@@ -36,8 +36,8 @@ def test_synthetic_keys_are_imagenet_like_and_sorted(listing):
 
 @pytest.mark.parametrize("in_flight", [1, 8])
 def test_imagefolder_lists_the_synthetic_bucket_with_exact_pages(listing, static, in_flight):
-    """The root check and list_classes list the root (1 page each: 3 prefixes), then each class
-    prefix takes ceil(objects / 1000) pages: 2 + 2 + 1 + 1 = 6 ListObjectsV2 requests, nothing else;
+    """The root check lists the root once (1 page: 3 prefixes; list_classes answers from it), then
+    each class prefix takes ceil(objects / 1000) pages: 1 + 2 + 1 + 1 = 5 ListObjectsV2 requests, nothing else;
     the dataset holds every key once, classes sorted, files of a class in name order (so _10016
     before _9, as a local walk sorts), with the sizes the listing gave."""
     import coordl
@@ -50,8 +50,8 @@ def test_imagefolder_lists_the_synthetic_bucket_with_exact_pages(listing, static
         options = {"endpoint_url": proxy.url, "key": "k", "secret": "s"}
         ds = coordl.ImageFolder("s3://bench/train", storage_options=options, max_in_flight=in_flight,
                                 manifest_cache="off")
-        assert proxy.counts == {"GET": 2 + 2 + 1 + 1}
-        assert proxy.routes == {"static": 0, "moto": 0, "listing": 6}
+        assert proxy.counts == {"GET": 1 + 2 + 1 + 1}
+        assert proxy.routes == {"static": 0, "moto": 0, "listing": 5}
         if in_flight == 1:
             assert proxy.max_in_flight == 1
     finally:
@@ -73,7 +73,7 @@ def test_class_prefixes_are_listed_at_once(static):
     try:
         options = {"endpoint_url": proxy.url, "key": "k", "secret": "s"}
         ds = coordl.ImageFolder("s3://bench/train", storage_options=options, max_in_flight=8, manifest_cache="off")
-        assert len(ds) == 30 and proxy.counts == {"GET": 2 + 3}
+        assert len(ds) == 30 and proxy.counts == {"GET": 1 + 3}
         assert proxy.max_in_flight == 3
     finally:
         proxy.stop()
