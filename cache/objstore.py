@@ -31,7 +31,8 @@ Both clients make one HTTP request per attempt and share the retries, timeouts, 
 error messages below. s3:// listings go one ListObjectsV2 page per request, each page timed out and
 retried alone (a prefix's retry resumes after its last key received); `lists` counts listing calls
 (one per prefix and per retry). Other protocols list through fsspec's ls/find, one call per prefix
-(its timeout covers the prefix). The root is listed once per construction (`check`). submit_many's obstore GETs (the loaders' path) run one blocking GET per thread
+(its timeout covers the prefix). The root is listed once per construction (`check`).
+submit_many's obstore GETs (the loaders' path) run one blocking GET per thread
 on a pool of max_in_flight threads (the in-flight bound) instead of the event loop: obstore's async
 API costs a Python future, a tokio blocking-pool thread and a loop wake-up per step (two steps per
 GET), about twice the client CPU; there the timeout is obstore's own whole-request timeout, reported
@@ -583,7 +584,7 @@ class ObjectStore:
         return self._protocol in ("s3", "s3a") and hasattr(self._rt().fs, "_call_s3")
 
     async def _list_pages(self, rt: _Runtime, sem: asyncio.Semaphore, source, resumable: bool, wait: float):
-        """(objects, prefixes, None, attempts) or (None, None, the last error, attempts): every page of
+        """(objects, prefixes, None, attempts) or ([], [], the last error, attempts): every page of
         `source` (objstore_list.py), each awaited within `wait` seconds and retried as the policy
         says. `resumable`: a retry resumes after the last key received, and each page has its own
         retries; else (a delimiter listing: the root) it starts again. Counts one `lists` per
@@ -609,21 +610,21 @@ class ObjectStore:
                 finally:
                     await pages.aclose()
             if classify(err) != "retry" or failed == c.retries:
-                return None, None, err, attempts
+                return [], [], err, attempts
             failed += 1
             self._add(rt, retries=1)
             if not resumable:
                 objects, prefixes = [], []
             await asyncio.sleep(backoff(c, failed - 1, self._rng))
 
-    def _list_root(self) -> tuple[list[str] | None, BaseException | None, int]:
-        """(the class names, sorted, None, attempts) or (None, the error, attempts): one listing of the root."""
+    def _list_root(self) -> tuple[list[str], BaseException | None, int]:
+        """(the class names, sorted, None, attempts) or ([], the error, attempts): one listing of the root."""
         rt = self._rt()
         if not self._pages_s3():
             entries, err, attempts = rt.run(self._attempts(rt, asyncio.Semaphore(1), "lists", "ls", self._root,
                                                            detail=True))
             if err is not None:
-                return None, err, attempts
+                return [], err, attempts
             return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
                           if e.get("type") == "directory"), None, attempts
         bucket, prefix = objstore_list.prefix_of(self._root)
@@ -636,7 +637,7 @@ class ObjectStore:
         if err is None and prefix and not objects and not prefixes:
             err = FileNotFoundError(f"{self._root}: no object below it")  # as s3fs's ls
         if err is not None:
-            return None, err, attempts
+            return [], err, attempts
         return sorted(p[len(prefix):] for p in prefixes), None, attempts
 
     def _check_root(self) -> None:
@@ -708,7 +709,8 @@ class ObjectStore:
             is per request, the wait a backstop for a chunk of several pages; s3fs: one page)."""
             bucket, prefix = objstore_list.prefix_of(self._root, c)
             if getter is not None and objstore_obstore.path_ok(f"{bucket}/{prefix[:-1]}"):
-                return (lambda after: getter.list_pages(prefix[:-1], after)), self._config.timeout * 10 + 5
+                lister = getter
+                return (lambda after: lister.list_pages(prefix[:-1], after)), self._config.timeout * 10 + 5
             return (lambda after: objstore_list.s3fs_pages(fs, bucket, prefix, None, after)), self._config.timeout
 
         async def go():
