@@ -580,8 +580,14 @@ class ObjectStore:
         return result
 
     def _pages_s3(self) -> bool:
-        """Whether listings go page by page (s3:// through s3fs or obstore), else through fsspec's ls/find."""
-        return self._protocol in ("s3", "s3a") and hasattr(self._rt().fs, "_call_s3")
+        """Whether listings go page by page (s3:// through s3fs or obstore), else through fsspec's ls/find.
+        Makes s3fs's client first: its making (botocore's models, seconds on a busy machine the first
+        time in a process) is not a request, and is not timed as one."""
+        rt = self._rt()
+        if self._protocol not in ("s3", "s3a") or not hasattr(rt.fs, "_call_s3"):
+            return False
+        rt.run(rt.fs.set_session())
+        return True
 
     async def _list_pages(self, rt: _Runtime, sem: asyncio.Semaphore, source, resumable: bool, wait: float):
         """(objects, prefixes, None, attempts) or ([], [], the last error, attempts): every page of
