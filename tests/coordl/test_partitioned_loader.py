@@ -59,7 +59,7 @@ def _node(rank, urls, root, cap, workers, cmds, results) -> None:
         ds = Recording(root, transform="val", size=SIZE)
         files = [open(ds.manifest.path(i), "rb").read() for i in range(len(ds))]
         want = {i: cpu.val(raw, SIZE) for i, raw in enumerate(files)}
-        cache = PartitionedCache(urls, rank, capacity_per_node=cap, timeout=0.5, retry_after=0.0)
+        cache = PartitionedCache(urls, rank, capacity_per_node=cap, timeout=5.0, retry_after=0.0)
         loader = coordl.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers,
                                    persistent_workers=workers > 0, rank=rank, world_size=WORLD, cache=cache)
         results.put(("ready", rank, len(loader)))
