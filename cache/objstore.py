@@ -700,12 +700,13 @@ class ObjectStore:
         found, counts = objstore_list.in_forked_child(lambda: self._page_tree_counted(classes),
                                                       f"{self.url}: listing the class prefixes")
         self._add(rt, **counts)
-        return found
+        return [ObjectInfo(key, size, etag) for key, size, etag in found]
 
-    def _page_tree_counted(self, classes: list[str]) -> tuple[list[ObjectInfo], dict[str, int]]:
-        """(list_tree's objects, the lists and retries it took): the work of in_forked_child."""
+    def _page_tree_counted(self, classes: list[str]) -> tuple[list[list], dict[str, int]]:
+        """(list_tree's objects as [key, size, etag], the lists and retries it took): the work of
+        in_forked_child (plain data: it crosses a pipe as msgpack)."""
         found = self._page_tree(self._rt(), classes)
-        return found, {k: self._counts[k] for k in ("lists", "retries")}
+        return [list(o) for o in found], {k: self._counts[k] for k in ("lists", "retries")}
 
     def _page_tree(self, rt: _Runtime, classes: list[str]) -> list[ObjectInfo]:
         getter, fs = rt.getter, rt.fs

@@ -12,16 +12,20 @@ resumes after the last key received, so a retry re-sends one page, not the prefi
 `in_forked_child(work)`: run `work()` in a forked child and return its result. obstore's
 runtime does not survive fork (objstore_obstore.py), so a process that has not started it lists
 through obstore in a child and stays free to fork DataLoader workers that GET through obstore.
+The answer crosses the pipe as msgpack of plain data (never a pickle): the result, or an error as
+its coordl class name and message, raised again here as that class (another error: DatasetError).
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
+
+from coordl import errors
 from coordl.errors import DatasetError
 
 
@@ -53,21 +57,22 @@ def unquote(etag: str | None) -> str | None:
 
 
 def in_forked_child(work: Callable[[], Any], what: str) -> Any:
-    """work()'s result (or its exception, raised here), computed in a forked child that answers
-    through a pipe and leaves with os._exit. `what` names the work in the error when the child dies."""
+    """work()'s result (plain data: lists, dicts, str, int, None), or its error raised here, computed
+    in a forked child that answers through a pipe (msgpack) and leaves with os._exit. `what` names
+    the work in the error when the child dies or fails with an error that is not coordl's."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the child; its coverage is not collected)
         try:
             os.close(r)
             try:
-                out: tuple = ("ok", work())
+                out: list = ["ok", work()]
             except BaseException as e:  # noqa: BLE001 (sent to the parent, raised there)
-                out = ("error", e)
+                out = ["error", type(e).__name__, str(e)]
             try:
-                data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as e:  # noqa: BLE001 (an unpicklable error: its text)
-                data = pickle.dumps(("error", DatasetError(f"{what}: {type(out[1]).__name__}: {out[1]} ({e})")))
+                data = msgpack.packb(out, use_bin_type=True)
+            except Exception as e:  # noqa: BLE001 (a result msgpack cannot carry: a bug, named)
+                data = msgpack.packb(["error", "TypeError", f"the listing's result could not be sent ({e})"])
             with os.fdopen(w, "wb") as f:
                 f.write(data)
         finally:
@@ -83,7 +88,11 @@ def in_forked_child(work: Callable[[], Any], what: str) -> Any:
         _, status = os.waitpid(pid, 0)
     if not data:
         raise DatasetError(f"{what}: the listing process {pid} ended without an answer (wait status {status})")
-    kind, value = pickle.loads(data)
-    if kind == "error":
-        raise value
-    return value
+    answer = msgpack.unpackb(data, raw=False)
+    if answer[0] == "error":
+        _, name, message = answer
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type) and issubclass(cls, errors.CoordlError):
+            raise cls(message)
+        raise DatasetError(f"{what}: {name}: {message}")
+    return answer[1]
