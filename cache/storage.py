@@ -36,11 +36,13 @@ def read_file(path: str, drop_page_cache: bool = False) -> bytes:
 
 
 def evict(paths) -> None:
-    """Drop the files' clean pages from the page cache (posix_fadvise DONTNEED; no root needed),
-    so the next read of each comes from storage."""
+    """Drop the files' pages from the page cache (posix_fadvise DONTNEED; no root needed), so the
+    next read of each comes from storage. Each file is written back first (fsync): DONTNEED drops
+    clean pages only, and a file written moments ago (a dataset just made) is still dirty."""
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
+            os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
