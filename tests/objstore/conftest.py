@@ -12,7 +12,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from objstore_common import S3Dataset, make_s3_dataset, objstore_proxy, s3server  # noqa: E402
+from objstore_common import BENCH, S3Dataset, _load, make_s3_dataset, objstore_proxy, s3server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +33,15 @@ def proxy(s3):
     p = objstore_proxy.FaultProxy(s3.server.url, latency=0.0).start()
     yield p
     p.stop()
+
+
+@pytest.fixture(scope="module")
+def static():
+    """bench/lib/objstore_static.py (the bench's S3 server: static objects, synthetic listings)."""
+    return _load("coordl_bench_objstore_static", os.path.join(BENCH, "lib", "objstore_static.py"))
+
+
+@pytest.fixture(scope="module")
+def listing():
+    """bench/lib/objstore_listing.py (a synthetic ImageNet-like bucket held in memory)."""
+    return _load("coordl_bench_objstore_listing", os.path.join(BENCH, "lib", "objstore_listing.py"))

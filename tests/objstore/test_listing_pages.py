@@ -14,20 +14,10 @@ import pytest
 from coordl.cache.objstore import ObjectStore
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from objstore_common import BENCH, _load, objstore_proxy  # noqa: E402
+from objstore_common import objstore_proxy  # noqa: E402
 
 pytest.importorskip("obstore")
 CLIENTS = ("s3fs", "obstore")
-
-
-@pytest.fixture(scope="module")
-def static():
-    return _load("coordl_bench_objstore_static", os.path.join(BENCH, "lib", "objstore_static.py"))
-
-
-@pytest.fixture(scope="module")
-def listing():
-    return _load("coordl_bench_objstore_listing", os.path.join(BENCH, "lib", "objstore_listing.py"))
 
 
 def _tree(url: str, options: dict, client: str, **kw) -> tuple[list, dict]:

@@ -4,22 +4,9 @@ synthetic bucket sends exactly the LIST pages its listing needs and lists exactl
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from objstore_common import BENCH, _load
 
 N, CLASSES = 3001, 3  # 1001 + 1000 + 1000 objects: 2 + 1 + 1 pages of <= 1000 keys
-
-
-@pytest.fixture(scope="module")
-def listing():
-    return _load("coordl_bench_objstore_listing", os.path.join(BENCH, "lib", "objstore_listing.py"))
-
-
-@pytest.fixture(scope="module")
-def static():
-    return _load("coordl_bench_objstore_static", os.path.join(BENCH, "lib", "objstore_static.py"))
 
 
 def test_synthetic_keys_are_imagenet_like_and_sorted(listing):
