@@ -49,7 +49,9 @@ def test_whole_and_ranged_reads_equal_s3fs_byte_for_byte_with_the_same_gets(s3, 
             gets = len(keys) + len(ranges) - 1 + 5
             assert proxy.counts["GET"] == gets and dict(proxy.counts) == {"GET": gets}
             stats = store.stats()
-            assert (stats["gets"], stats["retries"], stats["objects"]) == (gets, 0, len(keys) + 5)
+            # every GET the server saw is counted once; an attempt that failed before reaching it is a
+            # counted retry on top (once in a whole -n 2 run: 93 attempts, 1 retry, 92 GETs at the proxy)
+            assert (stats["gets"] - stats["retries"], stats["objects"]) == (gets, len(keys) + 5)
             assert stats["bytes"] == sum(sizes) + sum(map(len, parts)) + sum(sizes[:5])
             got[client] = (whole, parts, futures)
     assert got["obstore"] == got["s3fs"]
