@@ -5,7 +5,8 @@ of `objstore_obstore.LIST_CHUNK` objects), `([(key, size, etag), ...], [common p
 with keys relative to the bucket, starting after key `after` (S3's StartAfter) when given:
 - `s3fs_pages`: ListObjectsV2 through s3fs's client (`_call_s3`: its error translation), one call
   per page, the continuation token between pages;
-- `ObstoreGetter.list_pages` / `list_root` (objstore_obstore.py): obstore, parsed in Rust.
+- `ObstoreGetter.list_pages` (objstore_obstore.py): obstore, parsed in Rust (the class prefixes;
+  the root goes through s3fs).
 `objstore.py` times each page out and retries it (`ObjectStore._list_pages`); a prefix listing
 resumes after the last key received, so a retry re-sends one page, not the prefix.
 

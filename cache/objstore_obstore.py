@@ -9,7 +9,7 @@ errors come back as the built-in kinds `classify` knows (FileNotFoundError, Perm
 `S3ServerError` (a ConnectionError: retried), `S3RequestError` (final)), with the server's code
 and message and without its debug dump.
 
-`ObstoreGetter.list_pages` / `list_root` list for `objstore.py` (which keeps the retries, resuming
+`ObstoreGetter.list_pages` lists the class prefixes for `objstore.py` (which keeps the retries, resuming
 a prefix after its last key received): obstore parses ListObjectsV2 in Rust and hands over plain
 (key, size, ETag) tuples, about a tenth of botocore's client CPU per object (botocore parses each
 object's LastModified in Python).
@@ -229,21 +229,6 @@ class ObstoreGetter:
             if failed is not None:
                 raise failed
             yield [(m["path"], m["size"], _unquote(m["e_tag"])) for m in chunk], []
-
-    async def list_root(self, prefix: str, after: str | None):
-        """Yield once (the objects directly below bucket key `prefix` + "/", the first-level
-        prefixes below it without their trailing "/"): obstore's list_with_delimiter (every page)."""
-        import obstore
-
-        failed = None
-        try:
-            result = await obstore.list_with_delimiter_async(self._timed(), prefix or None)
-        except Exception as e:  # noqa: BLE001 (translated below, outside this block: no chained text)
-            failed = translate(e)
-        if failed is not None:
-            raise failed
-        yield ([(m["path"], m["size"], _unquote(m["e_tag"])) for m in result["objects"]],
-               [p.rstrip("/") for p in result["common_prefixes"]])
 
     async def get(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         """The bytes of bucket/key `path` (objstore.py's form), or [start, end) of them: one GET."""
