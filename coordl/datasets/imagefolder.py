@@ -132,10 +132,9 @@ class ImageFolder(CoordlDataset):
             process's GETs go through obstore, off through s3fs (measured: with s3fs's event-loop
             thread the second batch in flight cost the workers ~1 ms of CPU per image more than
             the wait it hid; obstore's runtime holds no GIL). No effect on a local folder.
-            (ImageFolder only: WebDataset's ranged reads do not read ahead yet.)
     """
 
-    read_ahead: bool | None = False  # a subclass that does not set it (WebDataset) reads no batch ahead
+    read_ahead: bool | None = False  # a subclass that does not set it reads no batch ahead
 
     def __init__(
         self,
@@ -155,8 +154,7 @@ class ImageFolder(CoordlDataset):
         read_ahead: bool | None = None,
     ) -> None:
         size = check_pipeline_args(transform, size, on_error)
-        if read_ahead is not None and not isinstance(read_ahead, bool):
-            raise ConfigError(f"read_ahead={read_ahead!r} must be True, False or None (on with obstore)")
+        read_ahead = sources.check_read_ahead(read_ahead)
         self.manifest, self.objects = sources.open_source(
             root, extensions, is_valid_file, on_error == "skip", rescan, manifest_cache, storage_options,
             max_in_flight, fetch_client) if sources.is_url(root) else (scan(
@@ -342,8 +340,7 @@ class ImageFolder(CoordlDataset):
         """Look up the batch this worker gets next (`EpochBatch.ahead`) in the cache and start its
         misses' GETs, for the next `prep_rows` to take (at most one batch held per process)."""
         objects = self.objects
-        if ahead and objects is not None and self.read_ahead is not False and \
-                (self.read_ahead or objects.store.fetch_client == "obstore"):
+        if ahead and objects is not None and sources.reads_ahead(self.read_ahead, objects.store):
             objects.start_ahead(epoch, ahead, cached(self.cache, ahead, self.counters))
 
     def _alloc_batch(self, n: int) -> tuple[torch.Tensor, bool]:

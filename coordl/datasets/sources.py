@@ -26,6 +26,10 @@ early, a resume skipped batches) drops the held one, cancelling the GETs not yet
 ahead is counted once, by the batch that takes it: its GET requests and retries when it is taken
 (before its future completes), its read when its bytes are used; GETs of a dropped read-ahead are not
 counted (the server saw them). The cache lookup of a batch read ahead is counted when it is done.
+
+`RangedReads` is the same held batch for WebDataset, whose batch's misses are ONE call (coalesced ranged
+GETs, tarindex.TarIndex.read_many): that call runs on this process's reader threads, and the batch that
+takes it counts its reads and bytes. Both hold their batch in an `_AheadSlot`.
 """
 
 from __future__ import annotations
@@ -91,6 +95,20 @@ def _counting(counters: Any) -> Callable[[int], None]:
     return on_attempts
 
 
+def check_read_ahead(read_ahead: object) -> bool | None:
+    """`read_ahead` as ImageFolder and WebDataset take it, or a ConfigError naming it."""
+    from coordl.errors import ConfigError
+
+    if read_ahead is not None and not isinstance(read_ahead, bool):
+        raise ConfigError(f"read_ahead={read_ahead!r} must be True, False or None (on with obstore)")
+    return read_ahead
+
+
+def reads_ahead(read_ahead: bool | None, store: ObjectStore) -> bool:
+    """Does a dataset with this `read_ahead` read ahead through `store`? None: with obstore only."""
+    return bool(read_ahead) or (read_ahead is None and store.fetch_client == "obstore")
+
+
 class _Ahead:
     """The batch this process read ahead: its cache hits and the futures of its misses' GETs, with
     each GET's request count (filled on the store's thread before its future completes)."""
@@ -105,6 +123,40 @@ class _Ahead:
         if self.pid == os.getpid():
             for f in self.futures.values():
                 f.cancel()
+
+
+def _key(epoch: int, items: Iterable[int]) -> tuple[int, tuple[int, ...]]:
+    return int(epoch), tuple(int(i) for i in items)
+
+
+class _AheadSlot:
+    """The one batch read ahead in this process (an `_Ahead`), never pickled: futures stay in the
+    process that started them."""
+
+    _ahead: _Ahead | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ahead": None}
+
+    def _hold(self, ahead: _Ahead) -> None:
+        self.drop_ahead()
+        self._ahead = ahead
+
+    def _take(self, epoch: int, items: Iterable[int]) -> _Ahead | None:
+        """The batch held if it is `items` of `epoch` (of this process), else None, dropping it."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead.pid != os.getpid() or ahead.key != _key(epoch, items):
+            ahead.drop()
+            return None
+        return ahead
+
+    def drop_ahead(self) -> None:
+        """Drop the batch read ahead, if any (its reads not started are cancelled)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.drop()
 
 
 def _counted_on_take(f: concurrent.futures.Future, i: int, ahead: _Ahead, counters: Any) -> concurrent.futures.Future:
@@ -126,47 +178,33 @@ def _counted_on_take(f: concurrent.futures.Future, i: int, ahead: _Ahead, counte
     return out
 
 
-class ObjectFiles:
+class ObjectFiles(_AheadSlot):
     """Items of a manifest as objects below its URL, read through `store` (an ObjectStore)."""
 
     def __init__(self, manifest: Any, store: ObjectStore) -> None:
         self.manifest, self.store = manifest, store
-        self._ahead: _Ahead | None = None  # the one batch read ahead in this process (see above)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_ahead": None}  # futures stay in the process that started them
 
     def start_ahead(self, epoch: int, items: Iterable[int], hits: dict[int, Any]) -> None:
         """Start the GETs of the batch `items` of `epoch` but for its cache `hits` (looked up and
         counted by the caller), for the next `take`; drops the batch held before."""
-        items = tuple(int(i) for i in items)
         self.drop_ahead()
-        ahead = _Ahead((int(epoch), items), hits)
-        for i in dict.fromkeys(items):
+        ahead = _Ahead(_key(epoch, items), hits)
+        for i in dict.fromkeys(ahead.key[1]):
             if i not in hits:
                 def on_attempts(n: int, i: int = i) -> None:
                     ahead.attempts[i] = n
                 ahead.futures[i] = self.store.submit_many([self.manifest.relpath(i)], on_attempts)[0]
-        self._ahead = ahead
+        self._hold(ahead)
 
     def take(self, epoch: int, items: Sequence[int], counters: Any = None
              ) -> tuple[dict[int, Any], dict[int, concurrent.futures.Future]] | None:
         """(cache hits, {miss: future}) of the batch `items` of `epoch` if it is the one read ahead,
         else None (and the one held, if any, is dropped). Each future counts its item's requests
         into `counters` before it completes."""
-        ahead, self._ahead = self._ahead, None
+        ahead = self._take(epoch, items)
         if ahead is None:
             return None
-        if ahead.pid != os.getpid() or ahead.key != (int(epoch), tuple(int(i) for i in items)):
-            ahead.drop()
-            return None
         return ahead.hits, {i: _counted_on_take(f, i, ahead, counters) for i, f in ahead.futures.items()}
-
-    def drop_ahead(self) -> None:
-        """Drop the batch read ahead, if any (its GETs not done are cancelled)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.drop()
 
     def url(self, i: int) -> str:
         """Item i's URL, credentials removed."""
@@ -190,6 +228,37 @@ class ObjectFiles:
 
     def __repr__(self) -> str:
         return f"ObjectFiles({self.store!r})"
+
+
+def start_read(read: Callable[[list[int]], Any], items: list[int]) -> concurrent.futures.Future:
+    """`read(items)` started on this process's reader threads."""
+    return _pool().submit(read, items)
+
+
+class RangedReads(_AheadSlot):
+    """Read-ahead for a dataset whose batch's misses are read by ONE blocking call, `read(misses)`
+    (WebDataset: TarIndex.read_many, a batch's neighbours in one ranged GET): the call of the batch
+    read ahead runs on this process's reader threads; the batch that takes it gets its result (and
+    counts it). A dropped batch's call is cancelled if it has not begun, else runs out uncounted."""
+
+    def __init__(self, read: Callable[[list[int]], Any]) -> None:
+        self.read = read
+
+    def start_ahead(self, epoch: int, items: Iterable[int], hits: dict[int, Any]) -> None:
+        """Start reading the batch `items` of `epoch` but for its cache `hits` (looked up and counted
+        by the caller), for the next `take`; drops the batch held before."""
+        self.drop_ahead()
+        ahead = _Ahead(_key(epoch, items), hits)
+        misses = [i for i in dict.fromkeys(ahead.key[1]) if i not in hits]
+        if misses:
+            ahead.futures[-1] = start_read(self.read, misses)
+        self._hold(ahead)
+
+    def take(self, epoch: int, items: Sequence[int]) -> tuple[dict[int, Any], concurrent.futures.Future | None] | None:
+        """(cache hits, the future of `read(misses)` or None when all hit) of the batch `items` of
+        `epoch` if it is the one read ahead, else None (and the one held, if any, is dropped)."""
+        ahead = self._take(epoch, items)
+        return None if ahead is None else (ahead.hits, ahead.futures.get(-1))
 
 
 def is_url(root: object) -> TypeGuard[str]:

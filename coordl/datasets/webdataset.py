@@ -27,10 +27,15 @@ it, a larger one by ranged GETs of 4 KiB from each header) and persisted keyed b
 (URL, size, ETag); an item is a ranged GET, and a batch's items within `max_gap` bytes in one
 shard are ONE ranged GET (ObjectStore.read_ranges: at most `max_in_flight` at once, retries).
 A GET that fails (a deleted shard) is a SampleError naming the shard's URL and the key.
+Read-ahead as ImageFolder's (`read_ahead`, coordl/datasets/sources.py `RangedReads`): while a worker
+prepares a batch, the ranged GETs of the batch it gets next are in flight; the batch that takes them
+counts their reads and bytes, so each item is still read and counted once per epoch.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -143,6 +148,10 @@ class WebDataset(ImageFolder):
         max_in_flight: GETs in flight at once per process, for shards in a bucket.
         fetch_client: for shards in ``s3://``: ``"auto"``, ``"obstore"`` or ``"s3fs"``, as
             `coordl.ImageFolder` takes it.
+        read_ahead: for shards in a bucket: the ranged GETs of the batch a worker gets next start while
+            it prepares the current one, as `coordl.ImageFolder` takes it (None: on with obstore, off
+            with s3fs; at most one batch ahead per worker, never a cached item, each read counted once).
+            No effect on local shards.
     """
 
     def __init__(
@@ -162,8 +171,10 @@ class WebDataset(ImageFolder):
         storage_options: dict | None = None,
         max_in_flight: int = 32,
         fetch_client: str | None = None,
+        read_ahead: bool | None = None,
     ) -> None:
         size = check_pipeline_args(transform, size, on_error)
+        read_ahead = sources.check_read_ahead(read_ahead)
         if isinstance(image_ext, str) or not image_ext:
             raise ConfigError(f"image_ext={image_ext!r} must be a non-empty sequence of extensions, "
                               "e.g. ('jpg', 'png')")
@@ -202,7 +213,10 @@ class WebDataset(ImageFolder):
         self.objects = None
         self.root = os.fspath(urls) if isinstance(urls, (str, os.PathLike)) else self.shards[0]
         self.transform, self.size, self.on_error, self.seed = transform, size, on_error, int(seed)
-        self.target_transform = target_transform
+        self.target_transform, self.read_ahead = target_transform, read_ahead
+        # the batch read ahead (shards in a bucket): its misses' coalesced ranged GETs, one call
+        self.ranged = None if self.index.remote is None else sources.RangedReads(
+            functools.partial(self.index.read_many, drop_page_cache=False, max_gap=self.max_gap))
         ok = self.index.label[self.index.label_state == tarindex.OK]
         self.classes = sorted(int(c) for c in np.unique(ok))
         self.class_to_idx = {str(c): c for c in self.classes}
@@ -254,7 +268,11 @@ class WebDataset(ImageFolder):
         return raws[i]
 
     def _read_misses(self, items: list[int]) -> tuple[dict[int, bytes], dict[int, SampleError]]:
-        data, errors, reads, nbytes = self.index.read_many(items, self.drop_page_cache, self.max_gap)
+        return self._count_read(items, self.index.read_many(items, self.drop_page_cache, self.max_gap))
+
+    def _count_read(self, items: list[int], read: tuple) -> tuple[dict[int, bytes], dict[int, SampleError]]:
+        """A batch's `index.read_many(items)` result counted and its bytes offered to the cache."""
+        data, errors, reads, nbytes = read
         self.counters.add(storage_reads=reads, storage_bytes=nbytes)
         cache = self.cache
         if cache is not None:
@@ -269,6 +287,33 @@ class WebDataset(ImageFolder):
         items = [int(i) for i in dict.fromkeys(int(i) for i in items)]
         hits = cached(self.cache, items, self.counters)
         data, errors = self._read_misses([i for i in items if i not in hits])
+        hits.update(data)
+        return hits, errors
+
+    def _fetch_batch(self, indices: Sequence[int], epoch: int) -> tuple[dict[int, Any], dict[int, SampleError]]:
+        """`fetch_many(indices)`, taking the batch's reads if the last batch started them, and starting
+        the reads of the batch this worker gets next (`EpochBatch.ahead`) before waiting for its own."""
+        ranged = self.ranged
+        if ranged is None or self.read_ahead is False:
+            return self.fetch_many(indices)
+        items = [int(i) for i in dict.fromkeys(int(i) for i in indices)]
+        early = ranged.take(epoch, indices)
+        pending: concurrent.futures.Future | None = None
+        if early is not None:  # looked up and its misses' GETs started by the last batch
+            hits, pending = early
+        else:
+            hits = cached(self.cache, items, self.counters)
+        misses = [i for i in items if i not in hits]
+        ahead = getattr(indices, "ahead", None)
+        store = self.object_store
+        if ahead and sources.reads_ahead(self.read_ahead, store):
+            if pending is None and misses:  # its own GETs first, then the next batch's
+                pending = sources.start_read(ranged.read, misses)
+            ranged.start_ahead(epoch, ahead, cached(self.cache, ahead, self.counters))
+        if pending is not None:
+            data, errors = self._count_read(misses, pending.result())
+        else:
+            data, errors = self._read_misses(misses) if misses else ({}, {})
         hits.update(data)
         return hits, errors
 
@@ -290,8 +335,8 @@ class WebDataset(ImageFolder):
 
     def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
                   ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:
-        """ImageFolder.prep_rows with the batch's bytes fetched first (coalesced reads)."""
-        raws, errors = self.fetch_many(indices)
+        """ImageFolder.prep_rows with the batch's bytes fetched first (coalesced reads, read ahead)."""
+        raws, errors = self._fetch_batch(indices, epoch)
         row = 0
         for i in indices:
             i = int(i)

@@ -1,0 +1,197 @@
+"""WebDataset's read-ahead over shards in a bucket (a real moto server of this module, GETs counted at a
+proxy; the shards and fixtures of test_webdataset_s3.py): a batch's ranged GETs start while the same
+worker prepares the batch before it (`EpochBatch.ahead`), and that batch takes them. Batches are
+byte-identical with it on, off and over the local shards; every epoch GETs each item once (max_gap=0:
+one ranged GET per item) and counts it once; a half-size MinIO cache's items are never read ahead; an
+epoch left early or resumed costs at most one batch per worker of GETs nobody takes, never counted.
+Counts, not clocks."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+
+import pytest
+import torch
+
+import coordl
+from coordl.cache import tarindex
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_webdataset_s3 import N, proxy, shards  # noqa: E402,F401 (the module's fixtures)
+
+B = 4  # 40 items: 10 batches
+
+
+def _batches(loader) -> list:
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {k: after[k] - before[k] for k in before}
+
+
+def _remote(shards, proxy, tmp_path, **options) -> coordl.WebDataset:
+    options.setdefault("read_ahead", True)  # on whatever the client (default: with obstore only)
+    options.setdefault("max_gap", 0)  # one ranged GET per item: GETs count items
+    return coordl.WebDataset(shards.url, transform="train", size=24, seed=3, index_cache=str(tmp_path),
+                             storage_options=shards.options(endpoint_url=proxy.url), **options)
+
+
+def _readers() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("coordl-read"))
+
+
+def test_read_ahead_is_checked_as_imagefolder_checks_it(shards, proxy, tmp_path):
+    with pytest.raises(coordl.ConfigError, match=r"read_ahead='yes' must be True, False or None"):
+        _remote(shards, proxy, tmp_path, read_ahead="yes")
+    local = coordl.WebDataset(shards.pattern, transform="val", size=24, index_cache="off", read_ahead=True)
+    assert local.ranged is None  # local shards: no effect
+    assert len(_batches(coordl.DataLoader(local, batch_size=B))) == N // B
+
+
+@pytest.mark.parametrize("client, reads_ahead", [("obstore", True), ("s3fs", False)])
+def test_by_default_only_obstore_reads_ahead(shards, proxy, tmp_path, client, reads_ahead):
+    pytest.importorskip("obstore")
+    ds = _remote(shards, proxy, tmp_path, read_ahead=None, fetch_client=client)
+    loader = coordl.DataLoader(ds, batch_size=B, shuffle=True)
+    proxy.reset_counts()
+    it = iter(loader)
+    next(it)
+    assert (loader.dataset.ranged._ahead is not None) == reads_ahead
+    for _ in it:
+        pass
+    assert loader.stats()["storage_reads"] == proxy.counts["GET"] == N
+
+
+def test_in_one_process_the_next_batch_is_read_ahead_and_taken(shards, proxy, tmp_path):
+    ds = _remote(shards, proxy, tmp_path)
+    loader = coordl.DataLoader(ds, batch_size=B, shuffle=True)
+    for epoch in range(2):
+        order = loader.epoch_indices(epoch)
+        proxy.reset_counts()
+        before = loader.stats()
+        it = iter(loader)
+        next(it)
+        held = loader.dataset.ranged._ahead
+        assert held is not None and held.key == (epoch, tuple(order[B:2 * B]))
+        for _ in it:
+            pass
+        assert loader.dataset.ranged._ahead is None  # nothing past the epoch's end
+        counts = _delta(before, loader.stats())
+        assert proxy.counts["GET"] == counts["storage_reads"] == N
+        assert counts["storage_bytes"] == ds.index.total_bytes
+    assert _readers() <= 4  # this process's reader threads, whatever the epochs
+    off = coordl.DataLoader(_remote(shards, proxy, tmp_path, read_ahead=False), batch_size=B, shuffle=True)
+    it = iter(off)
+    next(it)
+    assert off.dataset.ranged._ahead is None
+    del it
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("max_gap", [0, tarindex.MAX_GAP])
+def test_two_workers_get_each_item_once_per_epoch_and_the_same_batches(shards, proxy, tmp_path, persistent,
+                                                                       max_gap):
+    """max_gap=0: one GET per item; the default: a batch's neighbours in one GET, as with it off."""
+    proxy.latency = 0.005  # GETs still in flight when their batch takes them
+    ds = _remote(shards, proxy, tmp_path, max_gap=max_gap)
+    loader = coordl.DataLoader(ds, batch_size=B, shuffle=True, num_workers=2, persistent_workers=persistent)
+    off = coordl.DataLoader(_remote(shards, proxy, tmp_path, max_gap=max_gap, read_ahead=False), batch_size=B,
+                            shuffle=True, num_workers=2)
+    local = coordl.DataLoader(coordl.WebDataset(shards.pattern, transform="train", size=24, seed=3, index_cache="off"),
+                              batch_size=B, shuffle=True)
+    for _ in range(2):
+        proxy.reset_counts()
+        before = loader.stats()
+        got = _batches(loader)
+        counts = _delta(before, loader.stats())
+        gets = proxy.counts["GET"]
+        proxy.reset_counts()
+        before_off = off.stats()
+        want = _batches(off)
+        counts_off = _delta(before_off, off.stats())
+        assert counts["samples"] == N and gets == counts["storage_reads"]
+        assert (counts["storage_reads"], counts["storage_bytes"]) == (counts_off["storage_reads"],
+                                                                      counts_off["storage_bytes"])
+        assert proxy.counts["GET"] == counts_off["storage_reads"]
+        if max_gap == 0:
+            assert gets == N and counts["storage_bytes"] == ds.index.total_bytes
+        assert _same(got, want) and _same(got, _batches(local))
+
+
+def test_half_size_minio_cache_items_are_never_read_ahead(shards, proxy, tmp_path, dropped):
+    proxy.latency = 0.005
+    ds = _remote(shards, proxy, tmp_path)
+    loader = coordl.DataLoader(ds, batch_size=B, shuffle=True, num_workers=2, persistent_workers=True,
+                               cache=ds.index.total_bytes // 2)
+    dropped.append(loader.dataset)
+    proxy.reset_counts()
+    before = loader.stats()
+    for _ in loader:
+        pass
+    first = _delta(before, loader.stats())
+    assert proxy.counts["GET"] == first["storage_reads"] == N
+    held = first["cache_inserts"]
+    assert 0 < held < N and first["cache_hits"] + first["cache_misses"] == N
+    for _ in range(2):
+        proxy.reset_counts()
+        before = loader.stats()
+        for _ in loader:
+            pass
+        later = _delta(before, loader.stats())
+        assert (later["cache_hits"], later["cache_misses"], later["samples"]) == (held, N - held, N)  # once each
+        assert proxy.counts["GET"] == later["storage_reads"] == N - held
+
+
+def test_a_resumed_epoch_gets_only_its_rest(shards, proxy, tmp_path):
+    ds = _remote(shards, proxy, tmp_path)
+    loader = coordl.DataLoader(ds, batch_size=B, shuffle=True, num_workers=2)
+    full = _batches(loader)
+    loader.set_epoch(0)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    del it
+    gc.collect()
+    again = coordl.DataLoader(_remote(shards, proxy, tmp_path), batch_size=B, shuffle=True, num_workers=2)
+    again.load_state_dict(state)
+    proxy.reset_counts()
+    rest = _batches(again)
+    assert _same(rest, full[3:])
+    assert proxy.counts["GET"] == again.stats()["storage_reads"] == N - 3 * B
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_epoch_left_early_costs_at_most_one_batch_ahead_per_worker(shards, proxy, tmp_path, persistent):
+    """After 2 of 10 batches received, torch has sent 2 + prefetch_factor * workers = 6 batches to the
+    workers; read-ahead may add each worker's next one (batches 6 and 7), never counted in stats."""
+    proxy.latency = 0.005
+    ds = _remote(shards, proxy, tmp_path)
+    loader = coordl.DataLoader(ds, batch_size=B, shuffle=True, num_workers=2, persistent_workers=persistent)
+    sent, ahead = 6 * B, 2 * B
+    proxy.reset_counts()
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    del it
+    gc.collect()  # non-persistent: the workers are joined, their counts final
+    middle = loader.stats()
+    got = _batches(loader)
+    counts = _delta(middle, loader.stats())
+    total = loader.stats()
+    assert len(got) == N // B
+    gets = proxy.counts["GET"]
+    if persistent:  # the new epoch's iter() lets the workers finish the 6 batches sent (torch's _reset)
+        assert total["storage_reads"] == sent + N
+        assert sent + N <= gets <= sent + ahead + N
+    else:  # the workers were stopped and joined: the new epoch is exact
+        assert (counts["storage_reads"], counts["storage_bytes"]) == (N, ds.index.total_bytes)
+        assert 2 * B + N <= gets <= sent + ahead + N
