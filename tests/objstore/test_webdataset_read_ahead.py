@@ -20,7 +20,10 @@ import coordl
 from coordl.cache import tarindex
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_webdataset_s3 import N, proxy, shards  # noqa: E402,F401 (the module's fixtures)
+import test_webdataset_s3 as wds  # noqa: E402
+
+N = wds.N
+shards, proxy = wds.shards, wds.proxy  # that module's fixtures: the shards on this module's moto server, a proxy
 
 B = 4  # 40 items: 10 batches
 
