@@ -38,6 +38,10 @@ CPU the mean of the timed epochs, GETs and requests reaching moto per epoch, war
 - `coordl s3 MinIO f=0.5`: coordl s3 with a MinIO cache of half the bytes (later epochs GET the rest).
 COORDL_S3_CLIENT in the environment picks coordl's S3 client (printed in the header line).
 
+With `--loaders --webdataset`, the images as WebDataset tar shards of `--per-shard` images (bench/webdataset.py
+`write_shards`) in the bucket instead, and coordl.WebDataset("s3://bench/wds/train-{...}.tar") loaders with
+`read_ahead` False and True (the same measures; the static proxy answers the shards' ranged GETs).
+
 With `--listing N`, coordl's listing of N objects instead (`--classes` default: N / 1281, ImageNet's
 images per class, so each class prefix takes the same two LIST pages of 1000 keys as ImageNet's):
 coordl.ImageFolder("s3://bench/train", max_in_flight=...) built (the root check, list_classes, then
@@ -218,17 +222,7 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
         "coordl s3 MinIO f=0.5": lambda: s3(cache=half),
     }
     client = _client_in_use(url, opts, keys[0])
-    results = {}
-    sides = Sides(server=server.proc.pid, proxy=proxy.pid)
-    for name, make in runs.items():
-        loader = make()
-        try:
-            results[name] = _summary(_epochs(loader, args.epochs, sides, proxy), len(keys))
-        finally:
-            if getattr(loader.dataset, "cache", None) is not None:
-                loader.dataset.cache.drop()
-            del loader
-            gc.collect()  # its workers end now, not during the next loader's run
+    results = _measure(runs, args, server, proxy, len(keys))
     s3_rate = results["coordl s3"]["images_per_s"]
     ratios = {"s3 / local": s3_rate / results["coordl local"]["images_per_s"],
               "s3 / torch s3fs": s3_rate / results["torch s3fs"]["images_per_s"]}
@@ -238,6 +232,29 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
           f"{len(os.sched_getaffinity(0))}, {args.epochs} timed epochs after 1 warm-up; server {args.server} "
           f"({SERVERS[args.server]}); coordl's S3 client {client} (COORDL_S3_CLIENT="
           f"{os.environ.get('COORDL_S3_CLIENT', '')!r})")
+    _print(results)
+    print("  ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    print("  store = the emulated remote store (server + proxy): the bench's own overhead on this machine, to subtract")
+    return {"results": results, "ratios": ratios, "client": client}
+
+
+def _measure(runs: dict, args, server, proxy, images: int) -> dict:
+    """`_summary` of each loader `runs[name]()` makes, one after the other."""
+    results = {}
+    sides = Sides(server=server.proc.pid, proxy=proxy.pid)
+    for name, make in runs.items():
+        loader = make()
+        try:
+            results[name] = _summary(_epochs(loader, args.epochs, sides, proxy), images)
+        finally:
+            if getattr(loader.dataset, "cache", None) is not None:
+                loader.dataset.cache.drop()
+            del loader
+            gc.collect()  # its workers end now, not during the next loader's run
+    return results
+
+
+def _print(results: dict) -> None:
     for name, r in results.items():
         epochs = ", ".join(f"{x:.0f}" for x in r["epochs"])
         used = r["cpu_s_per_epoch"]
@@ -246,9 +263,42 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
               f"CPU s/epoch: loader {used['loader']:.2f} ({r['loader_ms_per_image']:.2f} ms/image), "
               f"store {used['server'] + used['proxy']:.2f} = server {used['server']:.2f} + proxy {used['proxy']:.2f}"
               f" ({r['store_ms_per_request']:.2f} ms/request)")
-    print("  ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
-    print("  store = the emulated remote store (server + proxy): the bench's own overhead on this machine, to subtract")
-    return {"results": results, "ratios": ratios, "client": client}
+
+
+def webdatasets(args, server, proxy, shards: list[str]) -> dict:
+    """coordl.WebDataset over the shards in the bucket, read_ahead off and on (the module docstring)."""
+    import coordl
+
+    opts = server.options() | {"endpoint_url": proxy.url}
+    url = f"s3://bench/wds/train-{{000000..{len(shards) - 1:06d}}}.tar"
+    common = {"batch_size": args.batch, "shuffle": True, "num_workers": args.workers, "persistent_workers": True}
+
+    def s3(read_ahead: bool):
+        ds = coordl.WebDataset(url, storage_options=opts, max_in_flight=args.in_flight, index_cache="off",
+                               read_ahead=read_ahead)
+        return coordl.DataLoader(ds, **common)
+
+    runs = {f"webdataset read_ahead={on}": lambda on=on: s3(on) for on in (False, True)}
+    results = _measure(runs, args, server, proxy, args.images)
+    client = _client_in_use("s3://bench/wds", opts, shards[0])
+    print(f"{args.images} images in {len(shards)} shards, latency {args.latency * 1000:.0f} ms, "
+          f"{args.workers} workers, batch {args.batch}, in flight {args.in_flight}, "
+          f"cpus {len(os.sched_getaffinity(0))}, "
+          f"{args.epochs} timed epochs after 1 warm-up; server {args.server}; coordl's S3 client {client}")
+    _print(results)
+    on, off = (results[f"webdataset read_ahead={v}"] for v in (True, False))
+    ratio = on["images_per_s"] / off["images_per_s"]
+    print(f"  read_ahead on / off: {ratio:.2f}x images/s, loader CPU {on['loader_ms_per_image']:.2f} vs "
+          f"{off['loader_ms_per_image']:.2f} ms/image")
+    return {"results": results, "ratio": ratio, "client": client}
+
+
+def _write_shards(root: str, out: str, per_shard: int) -> None:
+    """bench/webdataset.py's write_shards (by its file: running it would import the webdataset package)."""
+    spec = importlib.util.spec_from_file_location("coordl_bench_webdataset", os.path.join(HERE, "webdataset.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.write_shards(root, out, per_shard)
 
 
 def _fill(server, n: int, classes: int, threads: int = 16) -> list[str]:
@@ -393,6 +443,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per loader (--loaders)")
     ap.add_argument("--server", choices=sorted(SERVERS), default="static",
                     help="static: " + SERVERS["static"] + " (default); moto: " + SERVERS["moto"])
+    ap.add_argument("--webdataset", action="store_true",
+                    help="with --loaders: WebDataset shards in the bucket, read_ahead off vs on (see the docstring)")
+    ap.add_argument("--per-shard", type=int, default=100, help="images per shard (--webdataset)")
     ap.add_argument("--listing", type=int, default=0, metavar="N", help="time the listing of N objects instead")
     ap.add_argument("--runs", default="base,one,parallel",
                     help="--listing: which runs, of base (one at a time, no latency: feeds the model), one (one "
@@ -410,13 +463,18 @@ def main(argv: list[str] | None = None) -> dict:
         server = MotoServer().start()
         proxy = None
         try:
-            keys = upload_folder(server, "bench", root, "train")
+            folder, prefix = (os.path.join(tmp, "wds"), "wds") if args.webdataset else (root, "train")
+            if args.webdataset:
+                _write_shards(root, folder, args.per_shard)
+            keys = upload_folder(server, "bench", folder, prefix)
             # the proxy in a process of its own, so its CPU is measured apart from the client's
             if args.server == "static":
-                index = build_index(server.client(), "bench", "train", root)
+                index = build_index(server.client(), "bench", prefix, folder)
                 proxy = StaticProxyProcess(server.url, index, latency=args.latency, bandwidth=args.bandwidth).start()
             else:
                 proxy = ProxyProcess(server.url, latency=args.latency, bandwidth=args.bandwidth).start()
+            if args.loaders and args.webdataset:
+                return webdatasets(args, server, proxy, sorted(keys))
             if args.loaders:
                 return loaders(args, root, server, proxy, keys)
             return objects(args, server, proxy, keys, nbytes)
