@@ -176,3 +176,17 @@ def test_bench_objstore_listing_runs(server, n, lists):
     want = f", {lists} LIST requests (0 listing calls retried), "
     assert len(runs) == 3 and all(want in line for line in runs), out.stdout
     assert "at most 1 at once" in runs[0] and "at most 1 at once" in runs[1] and "model, 1,281,000" in out.stdout
+
+
+def test_bench_objstore_webdataset_loaders_run_on_a_few_images():
+    """--loaders --webdataset: read_ahead off and on each read every image once per epoch, with the same
+    coalesced ranged GETs (max_gap: neighbours in a shard, one GET) counted at the proxy."""
+    out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "objstore.py"), "--loaders", "--webdataset",
+                          "--images", "12", "--per-shard", "4", "--classes", "2", "--size", "96x72", "--latency",
+                          "0.005", "--batch", "4", "--epochs", "1"], capture_output=True, text=True, timeout=300,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "12 images in 3 shards" in out.stdout and "read_ahead on / off:" in out.stdout
+    gets = {flag: [int(v) for v in out.stdout.split(f"read_ahead={flag} ")[1].split("GETs per epoch [")[1]
+                   .split("]")[0].split(", ")] for flag in ("False", "True")}
+    assert all(0 < g <= 12 for g in gets["False"] + gets["True"]), out.stdout
