@@ -497,16 +497,19 @@ class ObjectStore:
     def read_ranges(self, ranges: Sequence[tuple[str, int, int]], return_errors: bool = False) -> list:
         """The bytes [offset, offset + length) of object `key` for each (key, offset, length): one ranged
         GET each (counted in `gets` and `bytes`, not `objects`; none for a length of 0), concurrently with at most
-        `max_in_flight` at once and `read_many`'s retries. A failure raises (with `return_errors`:
-        fills its slot with) a SampleError naming the object's URL; a range past the object's end
-        comes back short, for the caller to check."""
+        `max_in_flight` at once in this process (one bound with submit_many and every other read_ranges call:
+        WebDataset reads a batch ahead while it reads one) and `read_many`'s retries. A failure raises (with
+        `return_errors`: fills its slot with) a SampleError naming the object's URL; a range past the object's
+        end comes back short, for the caller to check."""
         ranges = [(k, int(o), int(n)) for k, o, n in ranges]
         if not ranges:
             return []
         rt = self._rt()
 
         async def go() -> list:
-            sem = asyncio.Semaphore(self._config.max_in_flight)
+            if rt.sem is None:  # (on the loop's thread, as submit_many's s3fs GETs use it)
+                rt.sem = asyncio.Semaphore(self._config.max_in_flight)
+            sem = rt.sem
             out = await asyncio.gather(*(self._read_range(rt, sem, k, o, n) for k, o, n in ranges))
             failed = [r for r in out if isinstance(r, SampleError)]
             if failed and not return_errors:

@@ -8,6 +8,7 @@ Counts, not clocks."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import os
 import sys
@@ -198,3 +199,22 @@ def test_an_epoch_left_early_costs_at_most_one_batch_ahead_per_worker(shards, pr
     else:  # the workers were stopped and joined: the new epoch is exact
         assert (counts["storage_reads"], counts["storage_bytes"]) == (N, ds.index.total_bytes)
         assert 2 * B + N <= gets <= sent + ahead + N
+
+
+def test_a_batch_and_the_one_ahead_share_the_processs_bound(shards, proxy):
+    """Two read_ranges at once in one process (a batch's and the next one's): at most max_in_flight GETs."""
+    from coordl.cache.objstore import ObjectStore
+
+    store = ObjectStore.from_url(f"s3://{wds.BUCKET}/{wds.PREFIX}", shards.options(endpoint_url=proxy.url),
+                                 max_in_flight=3)
+    try:
+        with open(shards.local[0], "rb") as f:
+            local = f.read()
+        ranges = [("train-000000.tar", off, 700) for off in range(0, 20 * 512, 512)]
+        proxy.latency, proxy.max_in_flight = 0.02, 0
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(store.read_ranges, [ranges, ranges]))
+        assert got == [[local[off:off + 700] for _, off, _ in ranges]] * 2
+        assert proxy.max_in_flight == 3 and store.stats()["gets"] == 40
+    finally:
+        store.close()
