@@ -31,7 +31,9 @@ Both clients make one HTTP request per attempt and share the retries, timeouts, 
 error messages below. s3:// listings go one ListObjectsV2 page per request, each page timed out and
 retried alone (a prefix's retry resumes after its last key received); `lists` counts listing calls
 (one per prefix and per retry). Other protocols list through fsspec's ls/find, one call per prefix
-(its timeout covers the prefix). The root is listed once per construction (`check`).
+(its timeout covers the prefix; gs:// and az:// time out each request (page) inside gcsfs / the Azure
+SDK, whose own retries are off, and the prefix's call only after 10 timeouts + 5 s, a backstop).
+The root is listed once per construction (`check`).
 submit_many's obstore GETs (the loaders' path) run one blocking GET per thread
 on a pool of max_in_flight threads (the in-flight bound) instead of the event loop: obstore's async
 API costs a Python future, a tokio blocking-pool thread and a loop wake-up per step (two steps per
@@ -63,6 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import random
 import threading
@@ -94,6 +97,34 @@ os.register_at_fork(after_in_child=_reinit_lock_in_child)
 #: as "no such bucket" vs "no such prefix".
 _BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"})
 _COUNTERS = ("gets", "lists", "retries", "bytes", "objects")
+#: Per protocol: (where the credentials come from, where the endpoint comes from), for error messages.
+_WHERE = {
+    "s3": ("storage_options key/secret (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)",
+           "endpoint_url / AWS_ENDPOINT_URL"),
+    "gs": ("storage_options token (a service-account JSON file, 'google_default', or 'anon' for a public bucket; "
+           "or GOOGLE_APPLICATION_CREDENTIALS)", "endpoint_url / STORAGE_EMULATOR_HOST"),
+    "az": ("storage_options connection_string, or account_name with account_key, sas_token or credential (or "
+           "AZURE_STORAGE_CONNECTION_STRING)", "the connection_string's BlobEndpoint / account_name"),
+}
+_WHERE.update(s3a=_WHERE["s3"], gcs=_WHERE["gs"], abfs=_WHERE["az"], abfss=_WHERE["az"])
+#: Protocols whose client `_one_attempt` configures (one attempt per request, each within the timeout).
+_ONE_ATTEMPT = frozenset({"gs", "gcs", "az", "abfs", "abfss"})
+#: azure.core's connection and socket-timeout errors (not retried by name in the policy), by class name.
+_AZURE_CONNECTION = frozenset({"ServiceRequestError", "ServiceResponseError"})
+
+
+def _as_builtin(err: Exception) -> Exception:
+    """gcsfs's and the Azure SDK's errors the policy cannot tell by themselves, as the builtin error
+    it classifies: a failed connection or socket timeout (azure.core) -> ConnectionError (retried);
+    HTTP 401/403 (gcsfs's OSError('Forbidden: ...') or HttpError, Azure's HttpResponseError) ->
+    PermissionError (denied: not retried). The message keeps the original class's name."""
+    names = {cls.__name__ for cls in type(err).__mro__}
+    status = getattr(err, "status_code", None) or getattr(err, "code", None)
+    if names & _AZURE_CONNECTION:
+        return ConnectionError(f"{type(err).__name__}: {err}")
+    if status in (401, 403) or (type(err) is OSError and str(err).startswith("Forbidden: ")):
+        return PermissionError(f"{type(err).__name__}: {err}")
+    return err
 
 
 class ObjectInfo(NamedTuple):
@@ -167,6 +198,30 @@ async def _close_session(fs) -> None:
         result = close()
         if asyncio.iscoroutine(result):
             await result
+
+
+def _one_attempt(fs, protocol: str, options: dict, timeout: float) -> None:
+    """One attempt per request inside gcsfs and the Azure SDK, each request within `timeout` (unless
+    storage_options pass requests_timeout / connection_timeout / read_timeout): coordl retries, backs
+    off and counts. Left on, gcsfs retried 5xx and connection errors itself up to 6 times (sleeps of
+    1 to 17 s) and the Azure SDK 3 times (sleeps of 15 s and more), hidden from storage_retries, and a
+    killed store took every attempt's whole timeout (4 x 10 s). adlfs's find swallows a cancellation
+    (a bare except in _isfile) and goes on listing: only the SDK's own timeouts (60 s per read, each
+    retried) ended it, 327 s for a silent store at timeout=1."""
+    if protocol in ("gs", "gcs"):
+        unwrapped = getattr(type(fs)._request, "__wrapped__", None)  # @retry_request(retries=6)
+        if unwrapped is not None:
+            fs._request = functools.partial(unwrapped, fs)
+        return
+    config = getattr(getattr(fs, "service_client", None), "_config", None)  # adlfs: azure.storage.blob.aio
+    if protocol not in ("az", "abfs", "abfss") or config is None:
+        return
+    if hasattr(config.retry_policy, "total_retries"):
+        config.retry_policy.total_retries = 0  # one policy object, shared by its container and blob clients
+    connection = getattr(config.transport, "connection_config", None)
+    if connection is not None:
+        connection.timeout = options.get("connection_timeout", timeout)
+        connection.read_timeout = options.get("read_timeout", timeout)
 
 
 def _blob_endpoint(connection_string: str) -> str | None:
@@ -293,6 +348,9 @@ class ObjectStore:
                     or _blob_endpoint(opts.get("connection_string") or ""))
         return self._redact(endpoint) if endpoint else "the default endpoint"
 
+    def _where(self) -> tuple[str, str]:
+        return _WHERE.get(self._protocol, ("storage_options", "storage_options"))
+
     def __repr__(self) -> str:
         c = self._config
         return (f"ObjectStore({self.url!r}, endpoint={self._endpoint()!r}, max_in_flight={c.max_in_flight}, "
@@ -326,9 +384,12 @@ class ObjectStore:
         opts["skip_instance_cache"] = True
         if self._fs_cls.async_impl:
             opts.update(asynchronous=True, loop=loop)
+        if self._protocol in ("gs", "gcs"):
+            opts.setdefault("requests_timeout", c.timeout)  # aiohttp's, per request (a listing: per page)
         fs = self._fs_cls(**opts)
         if self._protocol in ("s3", "s3a"):
             fs.retries = 1  # s3fs's own retry loop (a class attribute): one attempt
+        _one_attempt(fs, self._protocol, self._options, c.timeout)
         return fs
 
     def _rt(self) -> _Runtime:
@@ -388,18 +449,20 @@ class ObjectStore:
         return await rt.loop.run_in_executor(rt.pool, lambda: getattr(fs, name)(*args, **kwargs))
 
     async def _attempts(self, rt: _Runtime, sem: asyncio.Semaphore, counter: Literal["gets", "lists"], name: str,
-                        path: str, **kwargs) -> tuple[Any, BaseException | None, int]:
-        """(result, None, attempts) or (None, the last error, attempts): `name` on `path`, retried as
-        the policy says. Errors are returned, not raised, so the caller raises its own outside any
-        `except` block (no chained exception carrying the backend's text)."""
+                        path: str, wait: float | None = None, **kwargs) -> tuple[Any, BaseException | None, int]:
+        """(result, None, attempts) or (None, the last error, attempts): `name` on `path`, each attempt
+        within `wait` seconds (default: the timeout), retried as the policy says. Errors are returned,
+        not raised, so the caller raises its own outside any `except` block (no chained exception
+        carrying the backend's text)."""
         c, err = self._config, None
         for attempt in range(c.retries + 1):
             async with sem:
                 self._add(rt, **{counter: 1})
                 try:
-                    return await asyncio.wait_for(self._call(rt, name, path, **kwargs), c.timeout), None, attempt + 1
+                    result = await asyncio.wait_for(self._call(rt, name, path, **kwargs), wait or c.timeout)
+                    return result, None, attempt + 1
                 except Exception as e:  # noqa: BLE001 (any backend's error; classified below)
-                    err = e
+                    err = _as_builtin(e)
             if classify(err) != "retry" or attempt == c.retries:
                 return None, err, attempt + 1
             self._add(rt, retries=1)
@@ -416,8 +479,7 @@ class ObjectStore:
         fix = {
             "missing": "the object was deleted or renamed after the dataset was listed: restore it, or list "
                        "the dataset again (rescan=True)",
-            "denied": "the credentials may not read it: check storage_options key/secret or AWS_ACCESS_KEY_ID/"
-                      "AWS_SECRET_ACCESS_KEY and the bucket policy",
+            "denied": f"the credentials may not read it: check {self._where()[0]} and the bucket's policy",
             "retry": f"the store at {self._endpoint()} is throttling, failing or unreachable: check it is up, "
                      f"or pass a larger timeout/retries or a smaller max_in_flight",
         }.get(kind, "check the object and the store")
@@ -562,14 +624,15 @@ class ObjectStore:
         where = self._redact(where)
         kind, what = classify(err), self._describe(err)
         if kind == "denied" or type(err).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
-            return ConfigError(f"{where}: access denied ({what}): check the credentials: storage_options key/secret "
-                               "(or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY), and that they may list this bucket; "
-                               "for a public bucket pass storage_options={'anon': True}")
+            s3 = self._protocol.startswith("s3")
+            anon = "; for a public bucket pass storage_options={'anon': True}" if s3 else ""
+            return ConfigError(f"{where}: access denied ({what}): check the credentials: {self._where()[0]}, and "
+                               f"that they may list this bucket{anon}")
         if kind == "missing":
             return DatasetError(f"{where}: not found ({what}): check the URL; list it with your store's "
                                 "client (e.g. aws s3 ls) against the same endpoint")
         return DatasetError(f"{where}: listing failed after {attempts} attempt(s) ({what}): check that "
-                            f"{self._endpoint()} is reachable (endpoint_url / AWS_ENDPOINT_URL) and up")
+                            f"{self._endpoint()} is reachable ({self._where()[1]}) and up")
 
     def _run_listing(self, name: str, path: str, **kwargs):
         rt = self._rt()
@@ -737,12 +800,16 @@ class ObjectStore:
         return out
 
     def _find_tree(self, rt: _Runtime, classes: list[str]) -> list[ObjectInfo]:
-        """list_tree through fsspec's find, one call per class prefix (gs://, az://, file://, ...)."""
+        """list_tree through fsspec's find, one call per class prefix (gs://, az://, file://, ...). gcsfs
+        and adlfs time out each request (a page) themselves (`_one_attempt`): a prefix's call may take
+        ten timeouts (a backstop) before it is retried; other filesystems, one timeout."""
+        timeout = self._config.timeout
+        wait = timeout * 10 + 5 if self._protocol in _ONE_ATTEMPT else timeout
 
         async def go():
             sem = asyncio.Semaphore(self._config.max_in_flight)
-            return await asyncio.gather(*(self._attempts(rt, sem, "lists", "find", f"{self._root}/{c}", detail=True)
-                                          for c in classes))
+            return await asyncio.gather(*(self._attempts(rt, sem, "lists", "find", f"{self._root}/{c}", wait,
+                                                         detail=True) for c in classes))
 
         found: dict = {}
         for c, (result, err, attempts) in zip(classes, rt.run(go())):

@@ -6,6 +6,7 @@ loopback port, started and stopped by the test that needs it (as tests/s3server.
     server.options()                    # storage_options for coordl / gcsfs / adlfs against it
     server.filesystem()                 # a gcsfs / adlfs filesystem on it, to create buckets and upload
     upload_folder(server, "bucket", local_root, "train")
+    server.kill()                       # SIGKILL (a store that goes away at once), reaped
     server.stop()                       # SIGTERM (SIGKILL after 10 s), reaped
 
 `azurite_command()` is None (with `AZURITE_MISSING` the reason) when Azurite is not installed.
@@ -89,6 +90,12 @@ class _Child:
         if self._workdir:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = ""
+
+    def kill(self) -> None:
+        """SIGKILL, as a store that goes away at once; reaped (stop() still removes its folder)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
     def _end(self) -> None:
         _s3server.stop_child(self.proc)
