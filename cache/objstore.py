@@ -499,33 +499,42 @@ class ObjectStore:
         rt = self._rt()
         return rt.run(self._read_all(rt, keys, return_errors))
 
-    def submit_many(self, keys: Sequence[str], on_attempts: Callable[[int], None] | None = None) -> list:
+    def submit_many(self, keys: Sequence[str], on_attempts: Callable[[int], None] | None = None,
+                    sizes: Sequence[int] | None = None) -> list:
         """Start reading each object `keys[i]` now and return at once: one `concurrent.futures.Future`
         per key, whose result is the bytes or raises the SampleError naming the object's URL. All the
         reads of this process (every call) share one bound of `max_in_flight` requests in flight, so a
         caller may decode what has arrived while the rest are still in flight. `on_attempts(n)` is
         called once per key, on the store's thread and before its future completes, with the GET
-        requests it took (1 + its retries)."""
+        requests it took (1 + its retries). `sizes[i]`, the object's size when it was listed, lets
+        obstore read it with one call instead of two (`ObstoreGetter.get_blocking`); an object that
+        has grown since is read again whole, a second request counted as a retry."""
         rt = self._rt()
         if rt.sem is None:
             rt.sem = asyncio.Semaphore(self._config.max_in_flight)
         if rt.gets is not None:  # obstore: each GET on a thread of rt.gets (its size is the bound)
-            return [rt.gets.submit(self._read_blocking, rt, rt.sem, k, on_attempts) for k in keys]
+            sized = sizes if sizes is not None else [None] * len(keys)
+            return [rt.gets.submit(self._read_blocking, rt, rt.sem, k, on_attempts, n) for k, n in zip(keys, sized)]
         return [asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, rt.sem, k, on_attempts), rt.loop)
                 for k in keys]
 
     def _read_blocking(self, rt: _Runtime, sem: asyncio.Semaphore, key: str,
-                       on_attempts: Callable[[int], None] | None) -> bytes:
+                       on_attempts: Callable[[int], None] | None, size: int | None = None) -> bytes:
         """submit_many's read of one object on a thread of rt.gets: `_read_or_raise` with obstore's
         blocking GET (same retries, back-off, counters and errors; the timeout is the store's own)."""
         path, getter = f"{self._root}/{key}", rt.getter
         if getter is None or not objstore_obstore.path_ok(path):  # s3fs on the loop; this thread holds the slot
             return asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, sem, key, on_attempts), rt.loop).result()
-        c, err, attempt = self._config, None, 0
+        c, err, attempt, again = self._config, None, 0, 0
         for attempt in range(c.retries + 1):
             self._add(rt, gets=1)
             try:
-                data = getter.get_blocking(path)
+                got = getter.get_sized(path, size) if size is not None and size > 0 else getter.get_blocking(path)
+                if got is None:  # more than `size` bytes: it grew since it was listed; GET it whole
+                    self._add(rt, gets=1, retries=1)
+                    again, size = 1, None
+                    got = getter.get_blocking(path)
+                data = got
             except Exception as e:  # noqa: BLE001 (classified below)
                 err = e
             else:
@@ -538,9 +547,9 @@ class ObjectStore:
         if err is None:
             self._add(rt, bytes=len(data), objects=1)
         if on_attempts is not None:
-            on_attempts(attempt + 1)
+            on_attempts(attempt + 1 + again)
         if err is not None:
-            raise self._sample_error(key, err, attempt + 1)
+            raise self._sample_error(key, err, attempt + 1 + again)
         return data
 
     async def _read_or_raise(self, rt: _Runtime, sem: asyncio.Semaphore, key: str,

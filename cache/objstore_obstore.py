@@ -198,9 +198,24 @@ class ObstoreGetter:
         no asyncio loop, no Python future per step; ~half the client CPU of `get` per object)."""
         import obstore
 
+        return self._blocking_call(lambda key: obstore.get(self._timed(), key).bytes(), path)
+
+    def get_sized(self, path: str, size: int) -> bytes | None:
+        """`get_blocking` of an object listed with `size` (> 0) bytes: a GET of bytes [0, size], which
+        obstore answers in one call (get_range) where a whole-object get takes two (its response, then
+        its body): two fewer of the ~9 thread switches per object, ~20-30% less client CPU per GET.
+        The store sends the whole object when it has `size` bytes or fewer (S3 cuts a range at the
+        object's end); None when it has more (it grew since it was listed: GET it whole)."""
+        import obstore
+
+        data = self._blocking_call(lambda key: obstore.get_range(self._timed(), key, start=0, end=size + 1), path)
+        return None if len(data) > size else data
+
+    @staticmethod
+    def _blocking_call(call, path: str) -> bytes:
         failed = None
         try:
-            return bytes(obstore.get(self._timed(), path.split("/", 1)[1]).bytes())
+            return bytes(call(path.split("/", 1)[1]))
         except Exception as e:  # noqa: BLE001 (translated below, outside this block: no chained text)
             failed = translate(e)
         raise failed

@@ -3,6 +3,7 @@
     proxy = FaultProxy("http://127.0.0.1:9000", latency=0.020).start()   # proxy.url to clients
     proxy.inject(503, 3)        # the next 3 GETs answer 503 SlowDown (without reaching the server)
     proxy.counts["GET"]         # requests seen, by method (injected ones included)
+    proxy.ranged                # of those, the ones with a Range header
     proxy.max_in_flight         # the most requests it held at once
     proxy.hang = True           # accept requests, never answer (a store that went silent)
     proxy.stop()                # closes the listening socket and every client connection
@@ -52,6 +53,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._control(proxy)
             return
         injected = proxy._on_request(self.command)
+        if "Range" in self.headers:
+            proxy._on_ranged()
         try:
             self._answer(proxy, body, injected)
         finally:
@@ -131,6 +134,7 @@ class FaultProxy:
         self._host, self._port = parsed.hostname, parsed.port or 80
         self.latency, self.bandwidth, self.hang, self.control = latency, bandwidth, False, control
         self.counts: collections.Counter = collections.Counter()
+        self.ranged = 0  # requests that carried a Range header (counted in `counts` too)
         self.in_flight = self.max_in_flight = 0
         self._inject: collections.deque = collections.deque()
         self._lock = threading.Lock()
@@ -158,7 +162,12 @@ class FaultProxy:
     def reset_counts(self) -> None:
         with self._lock:
             self.counts.clear()
+            self.ranged = 0
             self.max_in_flight = self.in_flight
+
+    def _on_ranged(self) -> None:
+        with self._lock:
+            self.ranged += 1
 
     def _on_request(self, method: str) -> int:
         with self._lock:

@@ -193,7 +193,7 @@ class ObjectFiles(_AheadSlot):
             if i not in hits:
                 def on_attempts(n: int, i: int = i) -> None:
                     ahead.attempts[i] = n
-                ahead.futures[i] = self.store.submit_many([self.manifest.relpath(i)], on_attempts)[0]
+                ahead.futures[i] = self.store.submit_many([self.manifest.relpath(i)], on_attempts, self._sizes([i]))[0]
         self._hold(ahead)
 
     def take(self, epoch: int, items: Sequence[int], counters: Any = None
@@ -216,8 +216,12 @@ class ObjectFiles(_AheadSlot):
         completes (so a batch's counts are in stats() when the batch is)."""
         items = list(items)
         on_attempts = None if counters is None else _counting(counters)
-        futures = self.store.submit_many([self.manifest.relpath(i) for i in items], on_attempts)
+        futures = self.store.submit_many([self.manifest.relpath(i) for i in items], on_attempts, self._sizes(items))
         return dict(zip(items, futures))
+
+    def _sizes(self, items: list[int]) -> list[int]:
+        """The objects' sizes when listed (the manifest's; -1 where unknown), for one-call GETs."""
+        return self.manifest.sizes[items].tolist()
 
     def read_many(self, items: Iterable[int]) -> dict[int, bytes | SampleError]:
         return _wait(self.read_ahead(items))

@@ -303,3 +303,46 @@ def test_imagefolder_passes_fetch_client_to_its_store(s3, monkeypatch):
         assert bytes(ds.fetch(0)) == s3.local_bytes(s3.keys[0])
     with pytest.raises(ConfigError, match="fetch_client"):
         coordl.ImageFolder(s3.url, storage_options=s3.options(), manifest_cache="off", fetch_client="boto")
+
+
+def test_listed_sizes_make_ranged_gets_and_a_changed_object_is_read_whole(s3, proxy):
+    """submit_many with each object's listed size: one ranged GET of bytes [0, size] each (one obstore
+    call instead of two), the same bytes; after a rewrite, an object that grew is read again whole
+    (a second GET, counted as a retry) and one that shrank comes whole from its one GET."""
+    keys = s3.keys[:4]
+    sizes = [len(s3.local_bytes(k)) for k in keys]
+    client = s3.server.client()
+    with _store(s3, s3.options(endpoint_url=proxy.url), "obstore") as store:
+        proxy.reset_counts()
+        attempts: list[int] = []
+        got = [f.result() for f in store.submit_many(keys, attempts.append, sizes)]
+        assert got == [s3.local_bytes(k) for k in keys]
+        assert proxy.counts["GET"] == proxy.ranged == len(keys) and attempts == [1] * len(keys)
+        grown, shrunk = keys[0], keys[1]
+        bigger, smaller = s3.local_bytes(grown) + b"\0" * 10, s3.local_bytes(shrunk)[:-10]
+        client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{grown}", Body=bigger)
+        client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{shrunk}", Body=smaller)
+        try:
+            proxy.reset_counts()
+            attempts.clear()
+            before = store.stats()
+            got = [f.result() for f in store.submit_many([grown, shrunk], attempts.append, sizes[:2])]
+            assert got == [bigger, smaller]
+            assert sorted(attempts) == [1, 2] and proxy.counts["GET"] == 3 and proxy.ranged == 2
+            delta = {k: store.stats()[k] - before[k] for k in ("gets", "retries", "objects", "bytes")}
+            assert delta == {"gets": 3, "retries": 1, "objects": 2, "bytes": len(bigger) + len(smaller)}
+        finally:
+            for k in (grown, shrunk):
+                client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{k}", Body=s3.local_bytes(k))
+
+
+def test_imagefolder_reads_each_object_with_one_ranged_get_of_its_listed_size(s3, proxy):
+    import coordl
+
+    ds = coordl.ImageFolder(s3.url, transform="val", size=32, storage_options=s3.options(endpoint_url=proxy.url),
+                            manifest_cache="off", fetch_client="obstore")
+    proxy.reset_counts()
+    items = list(range(len(ds)))
+    got = ds.objects.read_many(items)
+    assert [bytes(got[i]) for i in items] == [s3.local_bytes(ds.objects.manifest.relpath(i)) for i in items]
+    assert proxy.counts["GET"] == proxy.ranged == len(items) == len(s3.keys)
