@@ -565,13 +565,16 @@ class ObjectStore:
         """The bytes of one object (one GET, with retries)."""
         return self.read_many([key])[0]
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]], return_errors: bool = False) -> list:
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]], return_errors: bool = False,
+                    on_attempts: Callable[[int], None] | None = None) -> list:
         """The bytes [offset, offset + length) of object `key` for each (key, offset, length): one ranged
         GET each (counted in `gets` and `bytes`, not `objects`; none for a length of 0), concurrently with at most
         `max_in_flight` at once in this process (one bound with submit_many and every other read_ranges call:
         WebDataset reads a batch ahead while it reads one) and `read_many`'s retries. A failure raises (with
         `return_errors`: fills its slot with) a SampleError naming the object's URL; a range past the object's
-        end comes back short, for the caller to check."""
+        end comes back short, for the caller to check. `on_attempts(n)` is called once per range that sent a
+        request, on the store's thread before this returns, with the GET requests it took (1 + its retries),
+        so a caller (WebDataset) counts exactly the requests of its own call."""
         ranges = [(k, int(o), int(n)) for k, o, n in ranges]
         if not ranges:
             return []
@@ -581,7 +584,7 @@ class ObjectStore:
             if rt.sem is None:  # (on the loop's thread, as submit_many's s3fs GETs use it)
                 rt.sem = asyncio.Semaphore(self._config.max_in_flight)
             sem = rt.sem
-            out = await asyncio.gather(*(self._read_range(rt, sem, k, o, n) for k, o, n in ranges))
+            out = await asyncio.gather(*(self._read_range(rt, sem, k, o, n, on_attempts) for k, o, n in ranges))
             failed = [r for r in out if isinstance(r, SampleError)]
             if failed and not return_errors:
                 raise failed[0]
@@ -589,11 +592,14 @@ class ObjectStore:
 
         return rt.run(go())
 
-    async def _read_range(self, rt: _Runtime, sem: asyncio.Semaphore, key: str, offset: int, length: int):
+    async def _read_range(self, rt: _Runtime, sem: asyncio.Semaphore, key: str, offset: int, length: int,
+                          on_attempts: Callable[[int], None] | None = None):
         if length <= 0:  # no request: s3fs would send "bytes=o-(o-1)", which servers answer with the whole object
             return b""
         data, err, attempts = await self._attempts(rt, sem, "gets", "cat_file", f"{self._root}/{key}",
                                                    start=offset, end=offset + length)
+        if on_attempts is not None:
+            on_attempts(attempts)
         if err is not None:
             return self._sample_error(key, err, attempts)
         self._add(rt, bytes=len(data))

@@ -212,13 +212,16 @@ class TarIndex:
         with contextlib.suppress(Exception):
             self.close()
 
-    def _fetch(self, spans: list[tuple[int, int, int]], drop_page_cache: bool) -> list[bytes | SampleError]:
+    def _fetch(self, spans: list[tuple[int, int, int]], drop_page_cache: bool,
+               on_attempts: Callable[[int], None] | None = None) -> list[bytes | SampleError]:
         """The bytes of each (shard, offset, length): one pread each, or for shards in a bucket one
-        ranged GET each, all at once (ObjectStore.read_ranges). A failure is a SampleError whose text
-        says why and what to do (the caller prefixes the shard and key)."""
+        ranged GET each, all at once (ObjectStore.read_ranges, which calls `on_attempts(n)` with each
+        GET's requests). A failure is a SampleError whose text says why and what to do (the caller
+        prefixes the shard and key)."""
         if self.remote is not None:
             store, keys = self.remote
-            got = store.read_ranges([(keys[s], off, n) for s, off, n in spans], return_errors=True)
+            got = store.read_ranges([(keys[s], off, n) for s, off, n in spans], return_errors=True,
+                                    on_attempts=on_attempts)
             out: list[bytes | SampleError] = []
             for (s, _, _), g in zip(spans, got):
                 if isinstance(g, SampleError):  # its text starts with the shard's URL: said once
@@ -248,12 +251,15 @@ class TarIndex:
             raise errors[i]
         return data[i]
 
-    def read_many(self, items: Sequence[int], drop_page_cache: bool = False, max_gap: int = MAX_GAP
+    def read_many(self, items: Sequence[int], drop_page_cache: bool = False, max_gap: int = MAX_GAP,
+                  on_attempts: Callable[[int], None] | None = None
                   ) -> tuple[dict[int, bytes], dict[int, SampleError], int, int]:
         """(bytes per item, SampleError per item that failed, preads made, bytes read).
 
         Items of one shard whose image members lie at most `max_gap` bytes apart are read with
-        one pread; an item without an image member costs no read."""
+        one pread; an item without an image member costs no read. For shards in a bucket,
+        `on_attempts(n)` is called before this returns with each ranged GET's requests (1 + its
+        retries; ObjectStore.read_ranges); local shards never call it."""
         data: dict[int, bytes] = {}
         errors: dict[int, SampleError] = {}
         todo = []
@@ -280,7 +286,7 @@ class TarIndex:
             runs.append(run)
         spans = [(run[0][0], run[0][1], max(off + int(self.size[i]) for _, off, i in run) - run[0][1]) for run in runs]
         reads = nbytes = 0
-        for run, got in zip(runs, self._fetch(spans, drop_page_cache)):
+        for run, got in zip(runs, self._fetch(spans, drop_page_cache, on_attempts)):
             if isinstance(got, SampleError):
                 for _, _, i in run:
                     errors[i] = SampleError(f"{self.where(i)}: {got}")

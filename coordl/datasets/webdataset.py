@@ -27,9 +27,11 @@ it, a larger one by ranged GETs of 4 KiB from each header) and persisted keyed b
 (URL, size, ETag); an item is a ranged GET, and a batch's items within `max_gap` bytes in one
 shard are ONE ranged GET (ObjectStore.read_ranges: at most `max_in_flight` at once, retries).
 A GET that fails (a deleted shard) is a SampleError naming the shard's URL and the key.
+`storage_requests` / `storage_retries` count the ranged GETs' requests and retries, as ImageFolder's.
 Read-ahead as ImageFolder's (`read_ahead`, coordl/datasets/sources.py `RangedReads`): while a worker
 prepares a batch, the ranged GETs of the batch it gets next are in flight; the batch that takes them
-counts their reads and bytes, so each item is still read and counted once per epoch.
+counts their reads, bytes, requests and retries, so each item is still read and counted once per epoch
+(a batch read ahead and dropped is never counted).
 """
 
 from __future__ import annotations
@@ -112,6 +114,20 @@ def _remote_index(urls: list[str], storage_options: dict | None, max_in_flight: 
                                            folder, threads, rebuild)
     except SampleError as e:
         raise DatasetError(f"WebDataset: cannot index a shard: {e}") from None
+
+
+def _tallied(read: Callable[..., tuple], items: list[int]) -> tuple:
+    """`read(items)` (a TarIndex.read_many) with the requests and retries of its ranged GETs appended:
+    (bytes, errors, reads, bytes read, requests, retries), for the batch that uses the result to count
+    (so a batch read ahead and dropped is never counted). Local shards: 0 and 0."""
+    tally = [0, 0]
+
+    def on_attempts(n: int) -> None:  # on the store's thread, each call before read() returns
+        tally[0] += n
+        tally[1] += n - 1
+
+    got = read(items, on_attempts=on_attempts)
+    return (*got, tally[0], tally[1])
 
 
 class _Manifest:
@@ -215,8 +231,8 @@ class WebDataset(ImageFolder):
         self.transform, self.size, self.on_error, self.seed = transform, size, on_error, int(seed)
         self.target_transform, self.read_ahead = target_transform, read_ahead
         # the batch read ahead (shards in a bucket): its misses' coalesced ranged GETs, one call
-        self.ranged = None if self.index.remote is None else sources.RangedReads(
-            functools.partial(self.index.read_many, drop_page_cache=False, max_gap=self.max_gap))
+        self.ranged = None if self.index.remote is None else sources.RangedReads(functools.partial(
+            _tallied, functools.partial(self.index.read_many, drop_page_cache=False, max_gap=self.max_gap)))
         ok = self.index.label[self.index.label_state == tarindex.OK]
         self.classes = sorted(int(c) for c in np.unique(ok))
         self.class_to_idx = {str(c): c for c in self.classes}
@@ -268,12 +284,14 @@ class WebDataset(ImageFolder):
         return raws[i]
 
     def _read_misses(self, items: list[int]) -> tuple[dict[int, bytes], dict[int, SampleError]]:
-        return self._count_read(items, self.index.read_many(items, self.drop_page_cache, self.max_gap))
+        read = functools.partial(self.index.read_many, drop_page_cache=self.drop_page_cache, max_gap=self.max_gap)
+        return self._count_read(items, _tallied(read, items))
 
     def _count_read(self, items: list[int], read: tuple) -> tuple[dict[int, bytes], dict[int, SampleError]]:
-        """A batch's `index.read_many(items)` result counted and its bytes offered to the cache."""
-        data, errors, reads, nbytes = read
-        self.counters.add(storage_reads=reads, storage_bytes=nbytes)
+        """A batch's `_tallied(index.read_many, items)` result counted and its bytes offered to the cache."""
+        data, errors, reads, nbytes, requests, retries = read
+        self.counters.add(storage_reads=reads, storage_bytes=nbytes, storage_requests=requests,
+                          storage_retries=retries)
         cache = self.cache
         if cache is not None:
             inserted = sum(1 for i in items if i in data and cache.put(i, data[i]))

@@ -4,6 +4,7 @@ worker prepares the batch before it (`EpochBatch.ahead`), and that batch takes t
 byte-identical with it on, off and over the local shards; every epoch GETs each item once (max_gap=0:
 one ranged GET per item) and counts it once; a half-size MinIO cache's items are never read ahead; an
 epoch left early or resumed costs at most one batch per worker of GETs nobody takes, never counted.
+`storage_requests` / `storage_retries` equal the GETs (injected 503s included) the proxy saw.
 Counts, not clocks."""
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def test_in_one_process_the_next_batch_is_read_ahead_and_taken(shards, proxy, tm
             pass
         assert loader.dataset.ranged._ahead is None  # nothing past the epoch's end
         counts = _delta(before, loader.stats())
-        assert proxy.counts["GET"] == counts["storage_reads"] == N
+        assert proxy.counts["GET"] == counts["storage_reads"] == counts["storage_requests"] == N
         assert counts["storage_bytes"] == ds.index.total_bytes
     assert _readers() <= 4  # this process's reader threads, whatever the epochs
     off = coordl.DataLoader(_remote(shards, proxy, tmp_path, read_ahead=False), batch_size=B, shuffle=True)
@@ -128,6 +129,49 @@ def test_two_workers_get_each_item_once_per_epoch_and_the_same_batches(shards, p
         if max_gap == 0:
             assert gets == N and counts["storage_bytes"] == ds.index.total_bytes
         assert _same(got, want) and _same(got, _batches(local))
+
+
+@pytest.mark.parametrize("read_ahead", [False, True])
+@pytest.mark.parametrize("max_gap", [0, tarindex.MAX_GAP])
+def test_storage_requests_are_the_gets_the_store_saw(shards, proxy, tmp_path, read_ahead, max_gap):
+    """Two workers, two epochs: each epoch's storage_requests equal the proxy's GETs (no retry: as many
+    as storage_reads), the coalesced ranged GETs of max_gap too."""
+    proxy.latency = 0.005
+    ds = _remote(shards, proxy, tmp_path, max_gap=max_gap, read_ahead=read_ahead)
+    loader = coordl.DataLoader(ds, batch_size=B, shuffle=True, num_workers=2)
+    for _ in range(2):
+        proxy.reset_counts()
+        before = loader.stats()
+        assert len(_batches(loader)) == N // B
+        counts = _delta(before, loader.stats())
+        assert counts["storage_requests"] == counts["storage_reads"] == proxy.counts["GET"] > 0
+        assert counts["storage_retries"] == 0
+        if max_gap == 0:
+            assert proxy.counts["GET"] == N
+
+
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_injected_503s_are_counted_as_requests_and_retries(shards, proxy, tmp_path, read_ahead):
+    """3 injected 503s (the store's retries=3: no range can run out of them, whichever GETs they hit):
+    storage_retries == 3 and storage_requests == the proxy's GETs == the reads + 3; a clean epoch after
+    adds no retry."""
+    ds = _remote(shards, proxy, tmp_path, max_gap=tarindex.MAX_GAP, read_ahead=read_ahead)
+    loader = coordl.DataLoader(ds, batch_size=B, shuffle=True, num_workers=2)
+    proxy.reset_counts()
+    proxy.inject(503, 3)
+    before = loader.stats()
+    got = _batches(loader)
+    counts = _delta(before, loader.stats())
+    assert counts["samples"] == N and counts["storage_retries"] == 3
+    assert counts["storage_requests"] == proxy.counts["GET"] == counts["storage_reads"] + 3
+    local = coordl.WebDataset(shards.pattern, transform="train", size=24, seed=3, index_cache="off")
+    assert _same(got, _batches(coordl.DataLoader(local, batch_size=B, shuffle=True)))  # retried GETs, same bytes
+    proxy.reset_counts()
+    before = loader.stats()
+    _batches(loader)
+    counts = _delta(before, loader.stats())
+    assert counts["storage_retries"] == 0
+    assert counts["storage_requests"] == proxy.counts["GET"] == counts["storage_reads"]
 
 
 def test_half_size_minio_cache_items_are_never_read_ahead(shards, proxy, tmp_path, dropped):
@@ -170,7 +214,7 @@ def test_a_resumed_epoch_gets_only_its_rest(shards, proxy, tmp_path):
     proxy.reset_counts()
     rest = _batches(again)
     assert _same(rest, full[3:])
-    assert proxy.counts["GET"] == again.stats()["storage_reads"] == N - 3 * B
+    assert proxy.counts["GET"] == again.stats()["storage_reads"] == again.stats()["storage_requests"] == N - 3 * B
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -194,10 +238,11 @@ def test_an_epoch_left_early_costs_at_most_one_batch_ahead_per_worker(shards, pr
     assert len(got) == N // B
     gets = proxy.counts["GET"]
     if persistent:  # the new epoch's iter() lets the workers finish the 6 batches sent (torch's _reset)
-        assert total["storage_reads"] == sent + N
+        assert total["storage_reads"] == total["storage_requests"] == sent + N  # the dropped batches' GETs: not
         assert sent + N <= gets <= sent + ahead + N
     else:  # the workers were stopped and joined: the new epoch is exact
         assert (counts["storage_reads"], counts["storage_bytes"]) == (N, ds.index.total_bytes)
+        assert (counts["storage_requests"], counts["storage_retries"]) == (N, 0)
         assert 2 * B + N <= gets <= sent + ahead + N
 
 
