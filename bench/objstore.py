@@ -36,6 +36,10 @@ CPU the mean of the timed epochs, GETs and requests reaching moto per epoch, war
   its object with s3fs, decodes with PIL and crops/flips (what a user writes; no torchvision here,
   so RandomResizedCrop's sampling is written out);
 - `coordl s3 MinIO f=0.5`: coordl s3 with a MinIO cache of half the bytes (later epochs GET the rest).
+Then `--pairs` interleaved pairs of a coordl s3 epoch and a coordl local epoch (both loaders alive,
+one warm-up epoch each, the order alternating; ../shared/benchmarking.md): the median, min and max
+of the per-pair s3 / local ratios, which a drift of the shared machine's speed moves less than the
+ratio of the two loaders' medians measured one after the other.
 COORDL_S3_CLIENT in the environment picks coordl's S3 client (printed in the header line).
 
 With `--loaders --webdataset`, the images as WebDataset tar shards of `--per-shard` images (bench/webdataset.py
@@ -235,7 +239,41 @@ def loaders(args, root: str, server, proxy, keys: list[str]) -> dict:
     _print(results)
     print("  ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     print("  store = the emulated remote store (server + proxy): the bench's own overhead on this machine, to subtract")
-    return {"results": results, "ratios": ratios, "client": client}
+    pairs = _pairs(runs["coordl s3"], runs["coordl local"], args.pairs) if args.pairs else None
+    if pairs is not None:
+        r = pairs["ratios"]
+        print(f"  interleaved pairs (s3 epoch, local epoch, the order alternating; {len(r)} pairs after a warm-up "
+              f"epoch each): s3 / local median {pairs['median']:.2f}x (min {min(r):.2f}, max {max(r):.2f}; "
+              f"per pair {', '.join(f'{x:.2f}' for x in r)})")
+    return {"results": results, "ratios": ratios, "client": client, "pairs": pairs}
+
+
+def _pairs(make_a, make_b, n: int) -> dict:
+    """A/B epochs interleaved (benchmarking.md): both loaders alive (persistent workers), one warm-up
+    epoch each, then n pairs, A first in even pairs and B first in odd ones; per pair, A's images/s
+    over B's. So a drift of the machine's speed hits both sides of a pair alike."""
+    import statistics
+
+    def rate(loader) -> float:
+        t0, seen = time.perf_counter(), 0
+        for images, _ in loader:
+            seen += len(images)
+        return seen / (time.perf_counter() - t0)
+
+    a, b = make_a(), make_b()
+    try:
+        rate(a), rate(b)
+        ratios = []
+        for k in range(n):
+            if k % 2 == 0:
+                ra, rb = rate(a), rate(b)
+            else:
+                rb, ra = rate(b), rate(a)
+            ratios.append(ra / rb)
+        return {"ratios": ratios, "median": statistics.median(ratios)}
+    finally:
+        del a, b
+        gc.collect()
 
 
 def _measure(runs: dict, args, server, proxy, images: int) -> dict:
@@ -441,6 +479,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--loaders", action="store_true", help="compare whole loaders (see the docstring)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per loader (--loaders)")
+    ap.add_argument("--pairs", type=int, default=6,
+                    help="--loaders: then this many interleaved pairs of coordl s3 / coordl local epochs (0: none)")
     ap.add_argument("--server", choices=sorted(SERVERS), default="static",
                     help="static: " + SERVERS["static"] + " (default); moto: " + SERVERS["moto"])
     ap.add_argument("--webdataset", action="store_true",

@@ -26,7 +26,7 @@ def test_bench_objstore_loaders_run_on_a_few_images(server):
     --server static no request of an epoch reaches moto, with --server moto every one does."""
     out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "objstore.py"), "--loaders", "--images", "12",
                           "--classes", "2", "--size", "96x72", "--latency", "0.005", "--batch", "4", "--epochs", "2",
-                          "--server", server], capture_output=True, text=True, timeout=300, cwd=REPO)
+                          "--server", server, "--pairs", "2"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = {line.split("  ")[1].strip(): line for line in out.stdout.splitlines()[1:5]}
 
@@ -44,6 +44,7 @@ def test_bench_objstore_loaders_run_on_a_few_images(server):
     else:
         assert to_moto["coordl s3"] == [12, 12, 12] and to_moto["torch s3fs"] == [24, 24, 24]
     assert "CPU s/epoch: loader" in lines["coordl s3"] and "ratios: s3 / local" in out.stdout
+    assert "interleaved pairs" in out.stdout and "2 pairs after a warm-up" in out.stdout
 
 
 def _static():
