@@ -143,20 +143,26 @@ def test_server_killed_mid_epoch_is_a_clear_error_within_a_minute(s3, tiny_root,
         data = make_s3_dataset(server, tiny_root, tmp_path_factory)
         ds = coordl.ImageFolder(data.url, transform="val", size=32,
                                 storage_options=data.options(endpoint_url=proxy.url))
-        loader = coordl.DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor=1)
-        it = iter(loader)
-        next(it)
-        server.kill()
-        killed = time.monotonic()
-        with pytest.raises(SampleError, match=r"s3://data/train/.*unreachable"):
-            for _ in it:
-                pass
-        assert time.monotonic() - killed < 60
-        del it, loader
-        gc.collect()  # the caught error's traceback holds the iterator in a cycle; its workers end with it
+        killed_mid_epoch_fails_within_a_minute(ds, server, "s3://data/train")
     finally:
         proxy.stop()
         server.stop()
+
+
+def killed_mid_epoch_fails_within_a_minute(ds, server, url: str) -> None:
+    """A 2-worker loader over `ds`, `server` SIGKILLed after its first batch: the epoch ends with a
+    SampleError naming an object below `url` as unreachable, within 60 s of the kill."""
+    loader = coordl.DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor=1)
+    it = iter(loader)
+    next(it)
+    server.kill()
+    killed = time.monotonic()
+    with pytest.raises(SampleError, match=rf"{url}/.*unreachable"):
+        for _ in it:
+            pass
+    assert time.monotonic() - killed < 60
+    del it, loader
+    gc.collect()  # the caught error's traceback holds the iterator in a cycle; its workers end with it
 
 
 def test_ranks_and_resume_on_s3_match_the_local_copy(s3):
