@@ -29,7 +29,7 @@ counted (the server saw them). The cache lookup of a batch read ahead is counted
 
 `RangedReads` is the same held batch for WebDataset, whose batch's misses are ONE call (coalesced ranged
 GETs, tarindex.TarIndex.read_many): that call runs on this process's reader threads, and the batch that
-takes it counts its reads and bytes. Both hold their batch in an `_AheadSlot`.
+takes it counts its reads, bytes, requests and retries. Both hold their batch in an `_AheadSlot`.
 """
 
 from __future__ import annotations
