@@ -21,6 +21,15 @@ naming the nodes one list has and the other lacks. A deliberate change
 ``membership="update"`` on one rank, or `coordl cache-node members --update
 URL...`: the new list is written to every node of it, the items of the nodes
 that stay are kept, and ranks still holding the old list are refused.
+
+The list a node's record replaced is kept beside it, in ``coordl:members:previous``
+(written by that update, on each node that had a record of another list; a node
+that had none, the one just added, gets none). A PartitionedCache reads it from
+every node at connect and takes the list most nodes hold (`previous_of`), so that
+an item that changed owner is read from its previous owner, if that node is still
+in the list, instead of from storage, and then written to its new one
+(cache/partitioned.py). It stays until the next update replaces it; an update to
+the same list changes nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from typing import Any
 from coordl.errors import ConfigError
 
 MEMBERS_KEY = "coordl:members"
+PREVIOUS_KEY = "coordl:members:previous"  # the record MEMBERS_KEY held before the last update
 MODES = ("check", "update")
 
 
@@ -61,10 +71,31 @@ def read(client: Any) -> list[str] | None:
     return None if value is None else parse(value)
 
 
+def read_previous(client: Any) -> list[str] | None:
+    """The node list `client`'s node belonged to before the last update (None: never updated)."""
+    value = client.get(PREVIOUS_KEY)
+    return None if value is None else parse(value)
+
+
+def previous_of(lists: Sequence[list[str] | None]) -> list[str] | None:
+    """The previous node list most of the nodes hold (`read_previous` of each; ties: the smallest
+    record, so every rank picks the same); None when none holds one. Nodes may differ: one added
+    has none, one re-added after a removal may hold an older list."""
+    counts: dict[str, int] = {}
+    for names in lists:
+        if names:
+            counts[record(names)] = counts.get(record(names), 0) + 1
+    if not counts:
+        return None
+    best = min(counts, key=lambda r: (-counts[r], r))
+    return parse(best)
+
+
 def agree(client: Any, shown: str, names: Sequence[str], update: bool = False) -> str:
     """Make sure the node behind `client` (shown as `shown`) belongs to the list `names`.
 
-    Returns what was done: 'same', 'written' (no record before) or 'updated' (from what).
+    Returns what was done: 'same', 'written' (no record before) or 'updated' (from what; the
+    record replaced is kept under PREVIOUS_KEY).
     Raises ConfigError naming the difference when the node belongs to another list and not `update`.
     Redis errors (WRONGTYPE: the key is not coordl's) propagate to the caller."""
     mine = record(names)
@@ -74,6 +105,7 @@ def agree(client: Any, shown: str, names: Sequence[str], update: bool = False) -
     if record(theirs) == mine:
         return "same"
     if update:
+        client.set(PREVIOUS_KEY, record(theirs))  # first: a record rewritten always has its previous
         client.set(MEMBERS_KEY, mine)
         return f"updated ({difference(names, theirs)})"
     raise ConfigError(

@@ -38,6 +38,18 @@ whole dataset fingerprint and the item (`binding`): a value that fails it
 the same item) is counted in ``remote_errors``, treated as a miss and never
 served.
 
+After a change of the node list (cache/membership.py, ``membership='update'``), an
+item whose owner changed is a miss on its new owner until it is written there. The
+record the update replaced (``coordl:members:previous``) is read at connect; a batch's
+misses whose owner under that previous list is another node still in this list
+and usable are then read from it, one MGET per such node, after the first round's
+replies (a second round, only for batches with such misses): counted as
+``local_hits``/``remote_hits`` by where they came from and in ``moved_hits``, and
+written to their new owner (`put`, counted in ``cache_inserts``), so the epoch after
+adding a node reads nothing from storage. Items of a removed node still come from
+storage. With no previous list, or for a miss whose previous owner is its owner, no
+request is added.
+
 Faults (cache/nodehealth.py): every request has the client's `timeout`. Any
 Redis error on a node (refused, reset, timed out, a read-only replica, an
 error reply, a meta hash that is not coordl's) is a fault of that node: it is
@@ -94,7 +106,7 @@ log = logging.getLogger("coordl.cache")
 HEADER = struct.Struct("<4sQQQ")   # magic, item, payload length, xxh3-64 of the payload ^ binding
 MAGIC = b"CDL2"
 _SCHEMES = ("redis", "rediss", "unix")
-_COUNTS = ("local_hits", "remote_hits", "remote_bytes", "remote_errors")
+_COUNTS = ("local_hits", "remote_hits", "remote_bytes", "remote_errors", "moved_hits", "cache_inserts")
 
 # KEYS: item key, meta key. ARGV: value, capacity (0: the server's maxmemory only), n_items, label.
 # Returns 1 written, 0 present, -1 over capacity, -2 the meta key is not coordl's (nothing written).
@@ -200,6 +212,9 @@ class PartitionedCache:
         self.fingerprint: str | None = None
         self._n, self._label, self._prefix = 0, "", ""
         self._salts: np.ndarray | None = None
+        self._previous: list[str] | None = None  # the node list before the last update (membership.py)
+        # (open) the previous list's placement salts, and per previous node its index in `nodes` (-1: gone)
+        self._was: tuple[np.ndarray, np.ndarray] | None = None
         self._health = nodehealth.NodeHealth(len(self.nodes))
         self._full = [False] * len(self.nodes)
         self._maxmemory = [0] * len(self.nodes)
@@ -209,6 +224,7 @@ class PartitionedCache:
             for j in range(len(self.nodes)):
                 self._check_node(j)
             self._check_membership()
+            self._previous = self._read_previous()
         self._members = membership_mod.record([redisnode.node_name(u) for u in self.nodes])
 
     # -- connections (rebuilt in each process) --
@@ -282,6 +298,19 @@ class PartitionedCache:
             if done.startswith("updated"):
                 log.warning("cache node %s: node list %s", shown, done)
 
+    def _read_previous(self) -> list[str] | None:
+        """The node list before the last update, as most nodes hold it (membership.previous_of); a
+        node whose previous record cannot be read (not coordl's) counts as holding none."""
+        redis = redisnode.redis_module()
+        held = []
+        for j in range(len(self.nodes)):
+            try:
+                held.append(membership_mod.read_previous(self._client(j)))
+            except redis.ResponseError as e:
+                log.warning("cache node %s: %s cannot be read (%s): ignored; delete it if it is not coordl's",
+                            redisnode.redact(self.nodes[j]), membership_mod.PREVIOUS_KEY, e)
+        return membership_mod.previous_of(held)
+
     # -- opening --
     @property
     def is_open(self) -> bool:
@@ -297,6 +326,9 @@ class PartitionedCache:
         self.fingerprint, self._n, self._label = fingerprint, int(n_items), label
         self._prefix = f"{redisnode.KEY_PREFIX}{fingerprint[:32]}:"
         self._salts = placement.node_salts(fingerprint, names)
+        if self._previous is not None and sorted(self._previous) != sorted(names):
+            self._was = (placement.node_salts(fingerprint, self._previous),
+                         np.array([names.index(n) if n in names else -1 for n in self._previous], dtype=np.int64))
         return self
 
     def key(self, i: int) -> str:
@@ -345,11 +377,40 @@ class PartitionedCache:
         for i in (items.min(), items.max()):
             self._check_item(int(i))
         owner = placement.owners(self._require_open(), items)
-        groups = {int(j): items[owner == j].tolist() for j in np.unique(owner) if self._usable(int(j))}
-        order = sorted(groups, key=lambda j: j != self.node_rank)  # read: the local node first
-        sent: list[tuple[int, Any]] = []
         tally = dict.fromkeys(_COUNTS, 0)
         hits: dict[int, memoryview] = {}
+        self._read_groups(self._groups(items, owner), hits, tally)
+        if self._was is not None and len(hits) < len(items):
+            self._moved(items, owner, *self._was, hits, tally)
+        if counters is not None:
+            counters.add(**tally)
+        return hits
+
+    def _groups(self, items: np.ndarray, owner: np.ndarray) -> dict[int, list[int]]:
+        """{node: its items} for the usable nodes among `owner` (one per item)."""
+        return {int(j): items[owner == j].tolist() for j in np.unique(owner) if self._usable(int(j))}
+
+    def _moved(self, items: np.ndarray, owner: np.ndarray, was_salts: np.ndarray, was_node: np.ndarray,
+               hits: dict, tally: dict) -> None:
+        """The misses that changed owner at the last node list update, read from their previous owner
+        where it is still a node of this list (one MGET each), and written to their owner now."""
+        missed = np.fromiter((int(i) not in hits for i in items), dtype=bool, count=len(items))
+        was = was_node[placement.owners(was_salts, items[missed])]
+        keep = (was >= 0) & (was != owner[missed])
+        if not keep.any():
+            return
+        found: dict[int, memoryview] = {}
+        self._read_groups(self._groups(items[missed][keep], was[keep]), found, tally)
+        tally["moved_hits"] += len(found)
+        for i, raw in found.items():
+            hits[i] = raw
+            tally["cache_inserts"] += self.put(i, raw)
+
+    def _read_groups(self, groups: dict[int, list[int]], hits: dict, tally: dict) -> None:
+        """One MGET per node of `groups` ({node: items}), all sent before any reply is read; the
+        values that verify go into `hits`, counted into `tally`."""
+        order = sorted(groups, key=lambda j: j != self.node_rank)  # read: the local node first
+        sent: list[tuple[int, Any]] = []
         try:
             for j in reversed(order):  # send: the remote owners first, the local node last
                 sent.append((j, self._send(j, groups[j])))
@@ -364,9 +425,6 @@ class PartitionedCache:
                 if conn is not None:
                     conn.disconnect()
                     self._clients[j].connection_pool.release(conn)
-        if counters is not None:
-            counters.add(**tally)
-        return hits
 
     def get(self, i: int, counters: Any = None) -> memoryview | None:
         """Item i's bytes from its owner, or None (a miss, an unusable node or a bad value)."""
@@ -513,7 +571,7 @@ class PartitionedCache:
         the node health table's fd while multiprocessing starts them (cache/nodehealth.py)."""
         return {"nodes": self.nodes, "node_rank": self.node_rank, "capacity_per_node": self.capacity_per_node,
                 "timeout": self.timeout, "retry_after": self.retry_after, "fingerprint": self.fingerprint,
-                "tls": self._tls, "membership": self.membership,
+                "tls": self._tls, "membership": self.membership, "previous": self._previous,
                 "n": self._n, "label": self._label, "maxmemory": self._maxmemory,
                 "health": self._health.state()}
 
@@ -524,6 +582,7 @@ class PartitionedCache:
                                   **state["tls"], _check=False)
         self._maxmemory = list(state["maxmemory"])
         self._health = nodehealth.NodeHealth.from_state(len(self.nodes), state.get("health"))
+        self._previous = state.get("previous")
         if state["fingerprint"] is not None:
             self.open(state["fingerprint"], state["n"], state["label"])
 
