@@ -36,7 +36,6 @@ from coordl import names
 from coordl.batch import PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
-from coordl.cache.forkguard import ForkGuard
 from coordl.datasets import sources
 from coordl.datasets.base import CoordlDataset, cached, epoch_of
 from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
@@ -51,21 +50,14 @@ _TRANSFORMS, _ON_ERROR = names.TRANSFORMS, names.ON_ERROR  # (coordl/names.py)
 _NoCounters, _NO_COUNTERS = NoCounters, NO_COUNTERS  # (coordl/loader/binding.py)
 
 
-_READERS: tuple[ForkGuard, concurrent.futures.ThreadPoolExecutor] | None = None
-_READ_THREADS = 4
-
-
 def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futures.Future]:
-    """Start reading `items` from storage on this process's reader threads (made on first use
-    in each process: a pool inherited through fork has no threads)."""
-    global _READERS
+    """Start reading `items` from storage on this process's reader threads (sources.py's one pool
+    per process, made on first use: a pool inherited through fork has no threads)."""
     if not items:
         return {}
     if ds.objects is not None:  # objects: one concurrent request per miss (datasets/sources.py)
         return ds.objects.read_ahead(items, ds.counters)
-    if _READERS is None or _READERS[0].forked():
-        _READERS = (ForkGuard(), concurrent.futures.ThreadPoolExecutor(_READ_THREADS, "coordl-read"))
-    pool, drop = _READERS[1], ds.drop_page_cache
+    pool, drop = sources.reader_pool(), ds.drop_page_cache
     return {i: pool.submit(storage.read_file, ds.manifest.path(i), drop) for i in items}
 
 

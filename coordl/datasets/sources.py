@@ -47,7 +47,7 @@ _READ_THREADS = 4
 _POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
 
 
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
+def reader_pool() -> concurrent.futures.ThreadPoolExecutor:
     """This process's reader threads (made on first use in each process: a pool inherited
     through fork has no threads)."""
     global _POOL
@@ -81,7 +81,7 @@ class LocalFiles:
         self.manifest, self.drop_page_cache = manifest, bool(drop_page_cache)
 
     def read_ahead(self, items: Iterable[int]) -> dict[int, concurrent.futures.Future]:
-        pool, m = _pool(), self.manifest
+        pool, m = reader_pool(), self.manifest
         return {i: pool.submit(_read_local, m.path(i), self.drop_page_cache) for i in items}
 
     def read_many(self, items: Iterable[int]) -> dict[int, bytes | SampleError]:
@@ -236,7 +236,7 @@ class ObjectFiles(_AheadSlot):
 
 def start_read(read: Callable[[list[int]], Any], items: list[int]) -> concurrent.futures.Future:
     """`read(items)` started on this process's reader threads."""
-    return _pool().submit(read, items)
+    return reader_pool().submit(read, items)
 
 
 class RangedReads(_AheadSlot):
