@@ -9,7 +9,9 @@ redis-py's parser copies each value three times (hiredis: socket -> its read buf
 CPU per item (README, "Partitioned caching over a shaped network"). Here the
 RESP2 framing (``*N``, then ``$len`` + payload per value, ``$-1`` for a missing key)
 is read in small reads and each payload with ``recv_into`` straight into its own
-buffer; the values come back as read-only memoryviews.
+buffer; the values come back as read-only memoryviews. The buffers come from the process's
+pool (cache/recycle.py): one that no view refers to any more is filled again, so its pages
+are not faulted in and zeroed anew for every value.
 
 Errors are redis-py's, as ``conn.read_response()`` raises them: an error reply is the
 parser's `ResponseError` (the connection stays usable); a timeout (the socket's
@@ -26,9 +28,8 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-import numpy as np
 
-from . import redisnode
+from . import recycle, redisnode
 
 _SMALL = 256             # bytes per read of the framing (a value's payload is read on its own)
 _MAX_LINE = 64 * 2**10   # a framing line longer than this is not Redis
@@ -103,7 +104,7 @@ class _Reply:
     def payload(self, size: int) -> memoryview:
         """`size` bytes: those already read, then the rest received into the same buffer, which also
         takes up to `_SMALL` bytes after them (the next value's framing: no read of its own)."""
-        view = np.empty(size + _SMALL, dtype=np.uint8).data
+        view = recycle.process_pool().take(size + _SMALL).data  # pages mapped once, reused when let go
         have = min(len(self.buf) - self.pos, size)
         view[:have] = self.buf[self.pos:self.pos + have]
         self.pos += have
