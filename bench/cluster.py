@@ -11,14 +11,15 @@ Each server ``cdlcl<i>`` is a Linux network namespace with one veth link to a br
   trip between two servers gains 2 x latency): ``tc netem delay`` under the htb class
   when the kernel has sch_netem; where it does not (this machine's kernel is built
   without it: ``tc qdisc add ... netem`` says "Specified qdisc kind is unknown") a relay
-  process in each namespace, in front of its redis-server, holds every chunk it forwards
-  from or to a peer for the latency before passing it on (traffic of the server's own
-  rank is not delayed; threads and time.sleep: sub-millisecond waits are kept). The relay
-  moves bytes with splice(2) through a pipe, never into Python, and costs a thread wake-up
-  per chunk: about 0.03 CPU s per epoch of 600 items here, where the earlier relay that
-  copied each chunk through Python took 0.08-0.14 s. On this loaded 2-core machine a PING
-  from the bridge took 0.6-0.8 ms round trip at 0.2 ms (0.4 ms of it the latency). The
-  JSON's ``latency_via`` says which was used, ``link_measured`` what a client saw.
+  process in each namespace, in front of its redis-server, holds every chunk a peer sends
+  to the node for the round trip's latency (2 x latency) before passing it on, and passes
+  the node's answers back at once (traffic of the server's own rank is not delayed;
+  threads and time.sleep: sub-millisecond waits are kept). A request and its answer are
+  apart by the same round trip as with the latency on each way, and the answers, which are
+  nearly all the bytes, cost the relay no queue, no sleep and no second thread. The relay
+  moves bytes with splice(2) through a pipe, never into Python. On this loaded 2-core
+  machine a PING from the bridge took 0.6-0.8 ms round trip at 0.2 ms (0.4 ms of it the
+  latency). The JSON's ``latency_via`` says which was used, ``link_measured`` what a client saw.
 
 In each namespace run its cache node (redis-server with coordl's node configuration,
 `coordl.cache.redisnode.NodeConfig`: maxmemory, noeviction, no persistence, a password)
@@ -53,7 +54,12 @@ within 1.2x of the reference's; and where the extra time goes: the extra CPU per
 per remote item, and the ratio of the two sides' own CPU, which is the time ratio of a
 CPU-bound epoch on a machine with nothing else running (the measured times move with
 whatever else runs on the machine; the CPU a side's processes take moves much less).
-The order of the sides puts the reference right after the partitioned run.
+The order of the sides puts the reference right after the partitioned run. Then, with
+``--pairs N`` (default 6) and both sides run, the two clusters stay alive together and run N
+more epochs each, alternating (partitioned first in odd pairs, reference first in even ones):
+the JSON's ``shape.interleaved`` has each pair's time and CPU ratio and their medians, which
+a machine whose speed drifts during the run (other tenants) does not bias as it can the
+sides' own epochs, run minutes apart.
 
 Needs root, ``ip netns``, ``tc`` with htb and tbf, redis-server, and cgroup v1 blkio; it
 says what is missing and exits 0 (``--require`` makes it exit 2). Run under the bench lock:
@@ -420,8 +426,9 @@ def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
 
 
 def relay_main(listen: str, port: int, to_port: int, delay: float) -> None:
-    """Listen on listen:port, forward each connection to 127.0.0.1:to_port, delaying both
-    directions by `delay` unless the client is this server itself (its own rank)."""
+    """Listen on listen:port, forward each connection to 127.0.0.1:to_port, delaying what the
+    client sends by the round trip (2 x `delay`) and the answers not at all, unless the client
+    is this server itself (its own rank: no delay)."""
     class Handler(socketserver.BaseRequestHandler):
         def handle(self) -> None:
             d = 0.0 if self.client_address[0] in (listen, "127.0.0.1") else delay
@@ -431,9 +438,9 @@ def relay_main(listen: str, port: int, to_port: int, delay: float) -> None:
                 return
             for sock in (self.request, up):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            back = threading.Thread(target=_pump, args=(up, self.request, d), daemon=True)
+            back = threading.Thread(target=_pump, args=(up, self.request, 0.0), daemon=True)
             back.start()
-            _pump(self.request, up, d)
+            _pump(self.request, up, 2 * d)   # the request waits for the whole round trip
             back.join()
             up.close()
 
@@ -630,77 +637,121 @@ def link_check(url: str, pings: int = 50, size: int = 4 * MiB, gets: int = 5) ->
         client.close()
 
 
-def run_side(args, side: str, budget: int, total: int, files: list[str], storage_cg: list[str], tmp: str,
-             relay: bool) -> tuple[list[list[dict]], list[dict]]:
-    import coordl
+class Side:
+    """One configuration's cluster: its cache nodes (and relays), its ranks in their namespaces,
+    its reference caches; started, run an epoch at a time, stopped. Two can be alive at once
+    (the interleaved pairs: partitioned and reference)."""
 
-    os.sync()   # dirty pages (a dataset just written) cannot be evicted
-    pagecache.evict(files)
-    password = secrets.token_hex(16)
-    node_procs = len(_procs)
-    urls = start_nodes(args, budget, password, tmp, relay) if side == "partitioned" else []
-    if urls:
-        links_measured.append(link_check(urls[-1]))
-        print(f"bench: link from the bridge to {ns_name(args.servers - 1)}'s node: {links_measured[-1]}", flush=True)
-    side_budget = total if side == "reference" else budget
-    made = []
-    if side == "reference":   # the whole dataset in each server's memory before epoch 1
-        ds = coordl.ImageFolder(args.data, transform="val")
-        for r in range(args.servers):
-            c = coordl.MinIOCache(side_budget, name=f"{PREFIX}-{side}-{r}")
-            c.open(ds.fingerprint, len(ds), ds.root)
-            for i, path in enumerate(files):
-                with open(path, "rb") as f:
-                    c.put(i, f.read())
-            c.close()
-            made.append(c)
+    def __init__(self, args, side: str, budget: int, total: int, files: list[str], storage_cg: list[str],
+                 tmp: str, relay: bool) -> None:
+        import coordl
+
+        self.args, self.side = args, side
+        os.sync()   # dirty pages (a dataset just written) cannot be evicted
         pagecache.evict(files)
-    env = {**os.environ, "CDLCL_URLS": json.dumps(urls)}
-    ranks = []
-    for r in range(args.servers):
-        cmd = [sys.executable, os.path.abspath(__file__), "--rank", str(r), "--side", side, "--data", args.data,
-               "--budget", str(side_budget), "--servers", str(args.servers), "--epochs", str(args.epochs),
-               "--workers", str(args.workers), "--batch-size", str(args.batch_size), "--size", str(args.size),
-               "--node-timeout", str(args.node_timeout), "--step-ms", str(args.step_ms)]
-        ranks.append(_spawn(cmd, ns_name(r), env=env, join=storage_cg))
-    for r, p in enumerate(ranks):
-        _expect(p, f"rank {r} ({side})")
-    rows: list[list[dict]] = [[] for _ in range(args.servers)]
-    nodes = {"redis": [p.pid for p in _procs[node_procs:] if _runs(p, "redis-server")],
-             "relay": [p.pid for p in _procs[node_procs:] if _runs(p, "--relay")]}
-    cpu_rows: list[dict] = []
-    for e in range(args.epochs):
+        password = secrets.token_hex(16)
+        first = len(_procs)
+        urls = start_nodes(args, budget, password, tmp, relay) if side == "partitioned" else []
+        self.node_procs = _procs[first:]
+        if urls:
+            links_measured.append(link_check(urls[-1]))
+            print(f"bench: link from the bridge to {ns_name(args.servers - 1)}'s node: {links_measured[-1]}",
+                  flush=True)
+        side_budget = total if side == "reference" else budget
+        self.made = []
+        if side == "reference":   # the whole dataset in each server's memory before epoch 1
+            ds = coordl.ImageFolder(args.data, transform="val")
+            for r in range(args.servers):
+                c = coordl.MinIOCache(side_budget, name=f"{PREFIX}-{side}-{r}")
+                c.open(ds.fingerprint, len(ds), ds.root)
+                for i, path in enumerate(files):
+                    with open(path, "rb") as f:
+                        c.put(i, f.read())
+                c.close()
+                self.made.append(c)
+            pagecache.evict(files)
+        env = {**os.environ, "CDLCL_URLS": json.dumps(urls)}
+        self.ranks = []
+        for r in range(args.servers):
+            cmd = [sys.executable, os.path.abspath(__file__), "--rank", str(r), "--side", side, "--data",
+                   args.data, "--budget", str(side_budget), "--servers", str(args.servers),
+                   "--epochs", str(args.epochs + args.pairs), "--workers", str(args.workers),
+                   "--batch-size", str(args.batch_size), "--size", str(args.size),
+                   "--node-timeout", str(args.node_timeout), "--step-ms", str(args.step_ms)]
+            self.ranks.append(_spawn(cmd, ns_name(r), env=env, join=storage_cg))
+        for r, p in enumerate(self.ranks):
+            _expect(p, f"rank {r} ({side})")
+        self.rows: list[list[dict]] = [[] for _ in range(args.servers)]
+        self.cpu_rows: list[dict] = []
+        self.nodes = {"redis": [p.pid for p in self.node_procs if _runs(p, "redis-server")],
+                      "relay": [p.pid for p in self.node_procs if _runs(p, "--relay")]}
+
+    def epoch(self, label: str) -> tuple[list[dict], dict]:
+        """Run one epoch on every rank together; (each rank's row, the side's CPU row)."""
+        args, ranks, nodes, side = self.args, self.ranks, self.nodes, self.side
         node0, busy0, all0 = {k: _cpu_s(v) for k, v in nodes.items()}, _machine_busy_s(), _all_cpu()
         for p in ranks:   # lockstep: every rank starts the epoch together
             p.stdin.write("go\n")
             p.stdin.flush()
-        for r, p in enumerate(ranks):
-            rows[r].append(json.loads(_expect(p, f"rank {r} ({side}) epoch {e + 1}")))
+        rows = [json.loads(_expect(p, f"rank {r} ({side}) epoch {label}")) for r, p in enumerate(ranks)]
         node1, busy1, all1 = {k: _cpu_s(v) for k, v in nodes.items()}, _machine_busy_s(), _all_cpu()
         ours = {os.getpid(), *(p.pid for p in ranks), *nodes["redis"], *nodes["relay"]}
         ours |= {c.pid for p in ranks for c in _children(p.pid)}
-        cpu_rows.append(epoch_cpu([rows[r][e] for r in range(args.servers)],
-                                  {k: node1[k] - node0[k] for k in nodes}, busy1[0] - busy0[0], busy1[1] - busy0[1],
-                                  others_cpu(all0, all1, ours)))
-        print(f"bench: {side} epoch {e + 1}: slowest {max(rows[r][e]['time_s'] for r in range(args.servers)):.2f}"
-              " s, storage MiB " + "/".join(f"{rows[r][e]['storage_bytes'] / MiB:.1f}" for r in range(args.servers))
-              + ", remote MiB " + "/".join(f"{rows[r][e]['remote_bytes'] / MiB:.1f}" for r in range(args.servers)),
+        cpu = epoch_cpu(rows, {k: node1[k] - node0[k] for k in nodes}, busy1[0] - busy0[0], busy1[1] - busy0[1],
+                        others_cpu(all0, all1, ours))
+        print(f"bench: {side} epoch {label}: slowest {max(x['time_s'] for x in rows):.2f}"
+              " s, storage MiB " + "/".join(f"{x['storage_bytes'] / MiB:.1f}" for x in rows)
+              + ", remote MiB " + "/".join(f"{x['remote_bytes'] / MiB:.1f}" for x in rows), flush=True)
+        return rows, cpu
+
+    def run(self) -> None:
+        """The side's own epochs (1..--epochs), in its rows."""
+        for e in range(self.args.epochs):
+            rows, cpu = self.epoch(str(e + 1))
+            for r, row in enumerate(rows):
+                self.rows[r].append(row)
+            self.cpu_rows.append(cpu)
+
+    def stop(self) -> None:
+        for r, p in enumerate(self.ranks):
+            p.stdin.close()
+            if p.wait(timeout=120):
+                raise RuntimeError(f"bench: rank {r} of side {self.side} exited with {p.returncode}")
+            p.stdout.close()
+            _procs.remove(p)
+        for p in self.node_procs:   # this side's cache nodes and relays
+            p.terminate()
+        for p in self.node_procs:
+            p.wait(timeout=30)
+            p.stdout.close()
+            _procs.remove(p)
+        for c in self.made:
+            c.drop()
+
+
+def run_pairs(part: Side, ref: Side, pairs: int) -> dict:
+    """`pairs` epochs of each side, alternating (partitioned then reference, then the other way
+    round), both clusters alive throughout: whatever else the machine does falls on both sides
+    of a pair alike. Per pair the ratio of the slowest servers' epoch times, and of the sides'
+    own CPU (their processes and the interrupts)."""
+    import statistics
+
+    times, cpus, rows = [], [], {"partitioned": [], "reference": []}
+    for k in range(pairs):
+        got = {}
+        for s in ((part, ref) if k % 2 == 0 else (ref, part)):
+            got[s.side] = s.epoch(f"pair {k + 1}")
+            rows[s.side].append(got[s.side][0])
+        (prows, pcpu), (rrows, rcpu) = got["partitioned"], got["reference"]
+        times.append(max(x["time_s"] for x in prows) / max(x["time_s"] for x in rrows))
+        cpus.append((pcpu["total_s"] + pcpu["machine_irq_s"]) / (rcpu["total_s"] + rcpu["machine_irq_s"]))
+        print(f"bench: pair {k + 1}: partitioned / reference epoch time {times[-1]:.3f}, CPU {cpus[-1]:.3f}",
               flush=True)
-    for r, p in enumerate(ranks):
-        p.stdin.close()
-        if p.wait(timeout=120):
-            raise RuntimeError(f"bench: rank {r} of side {side} exited with {p.returncode}")
-        p.stdout.close()
-        _procs.remove(p)
-    for p in _procs[node_procs:]:   # this side's cache nodes and relays
-        p.terminate()
-    for p in _procs[node_procs:]:
-        p.wait(timeout=30)
-        p.stdout.close()
-    del _procs[node_procs:]
-    for c in made:
-        c.drop()
-    return rows, cpu_rows
+    return {"pairs": pairs, "time_ratios": [round(x, 3) for x in times],
+            "median_time_ratio": round(statistics.median(times), 3), "min_time_ratio": round(min(times), 3),
+            "max_time_ratio": round(max(times), 3), "cpu_ratios": [round(x, 3) for x in cpus],
+            "median_cpu_ratio": round(statistics.median(cpus), 3),
+            "within_1_2x": statistics.median(times) <= 1.2, "rows": rows}
 
 
 def _runs(proc: subprocess.Popen, word: str) -> bool:
@@ -828,6 +879,14 @@ def markdown(args, result: dict) -> str:
                   + f"; CPU (this run's processes and the interrupts) partitioned / reference "
                   f"{sh_['cpu_ratio_partitioned_over_reference']} (the time ratio of a CPU-bound epoch on a "
                   "machine with nothing else running)."]
+    if "interleaved" in sh_:
+        iv = sh_["interleaved"]
+        lines += ["", f"Interleaved pairs ({iv['pairs']} epochs of each side after their own epochs, alternating "
+                  "partitioned and reference with both clusters alive, so that whatever else the machine does "
+                  f"falls on both): partitioned / reference epoch time per pair {iv['time_ratios']}, median "
+                  f"**{iv['median_time_ratio']}** (min {iv['min_time_ratio']}, max {iv['max_time_ratio']}; "
+                  f"target <= 1.2: {'met' if iv['within_1_2x'] else 'NOT met'}); CPU per pair {iv['cpu_ratios']}, "
+                  f"median {iv['median_cpu_ratio']}."]
     lines += ["", f"Load average (1/5/15 min) before the run {fmt_load(result['load_before'])}, after "
               f"{fmt_load(result['load_after'])}, on {result['machine']['cores_online']} "
               "CPU(s).", "", "Command:", "", "    " + result["command"], ""]
@@ -864,24 +923,41 @@ def orchestrate(args) -> int:
         build_network(args.servers, args.bandwidth, latency_ms(args.latency), netem)
         tmp = tempfile.mkdtemp(prefix=TMPS)
         storage_cg = storage_cgroup(cgroup.disk_of(args.data), int(args.storage_mbps * MiB))
-        sides, cpu = {}, {}
-        for side in args.sides.split(","):
+        names = args.sides.split(",")
+        for side in names:
             if side not in SIDES:
                 raise SystemExit(f"bench: --sides {side!r}: use some of {','.join(SIDES)}")
-            sides[side], cpu[side] = run_side(args, side, budget, total, files, storage_cg, tmp, relay)
+        paired = args.pairs > 0 and {"partitioned", "reference"} <= set(names)
+        if not paired:
+            args.pairs = 0
+        sides, cpu, alive = {}, {}, {}
+        for side in names:
+            s = Side(args, side, budget, total, files, storage_cg, tmp, relay)
+            s.run()
+            sides[side], cpu[side] = s.rows, s.cpu_rows
+            if paired and side in ("partitioned", "reference"):
+                alive[side] = s   # kept for the interleaved pairs
+            else:
+                s.stop()
+        pairs = run_pairs(alive["partitioned"], alive["reference"], args.pairs) if paired else None
+        for s in alive.values():
+            s.stop()
         pagecache.evict(files)
         result = {"command": report.command(), "dataset": report.dataset(args.data), "versions": report.versions(),
                   "machine": report.machine(sorted(os.sched_getaffinity(0))),
                   "settings": {"servers": args.servers, "bandwidth": args.bandwidth, "latency": args.latency,
                                "storage_mbps": args.storage_mbps, "budget_fraction": args.budget_fraction,
                                "epochs": args.epochs, "workers": args.workers, "batch_size": args.batch_size,
-                               "size": args.size, "node_timeout": args.node_timeout, "step_ms": args.step_ms},
+                               "size": args.size, "node_timeout": args.node_timeout, "step_ms": args.step_ms,
+                               "pairs": args.pairs},
                   "latency_via": "tc netem" if netem else ("a delay relay in front of each redis-server "
                                                            "(this kernel has no sch_netem)" if relay else "none"),
                   "link_measured": links_measured[-1] if links_measured else None,
                   "budget_bytes": budget, "dataset_bytes": total, "sides": sides, "cpu": cpu,
                   "load_before": load_before, "load_after": os.getloadavg()}
         result["shape"] = shape(args, sides, cpu)
+        if pairs is not None:
+            result["shape"]["interleaved"] = pairs
         report.write(args.out, result, markdown(args, result))
         return 0
     finally:
@@ -905,6 +981,9 @@ def main() -> None:
     p.add_argument("--node-timeout", type=float, default=1.0, help="PartitionedCache timeout, s")
     p.add_argument("--step-ms", type=float, default=0.0, help="a sleep per batch standing for a train step")
     p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--pairs", type=int, default=6,
+                   help="after the sides' own epochs, this many epochs of partitioned and of reference "
+                        "alternating, both alive (0: none; needs both sides)")
     p.add_argument("--require", action="store_true", help="exit 2 (not 0) when the machine cannot run it")
     p.add_argument("--cleanup", action="store_true", help="only remove what a killed run left")
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)

@@ -90,6 +90,26 @@ def test_tiny_cluster_partitioned_reads_no_storage_from_epoch_2_and_cleans_up(ro
     assert _leftovers_gone() == []
 
 
+def test_interleaved_pairs_keep_both_clusters_and_read_no_storage(root, tmp_path):
+    out = str(tmp_path / "pairs")
+    proc = subprocess.run(_argv(root, "--sides", "partitioned,reference", "--budget-fraction", "0.7",
+                                "--pairs", "2", "--out", out), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out + ".json") as f:
+        res = json.load(f)
+    iv = res["shape"]["interleaved"]
+    assert iv["pairs"] == 2 and len(iv["time_ratios"]) == len(iv["cpu_ratios"]) == 2
+    assert iv["min_time_ratio"] <= iv["median_time_ratio"] <= iv["max_time_ratio"]
+    for side in ("partitioned", "reference"):
+        assert len(iv["rows"][side]) == 2 and all(len(pair) == 3 for pair in iv["rows"][side])
+        for pair in iv["rows"][side]:   # every item of the epoch from memory: no storage byte
+            assert [r["storage_bytes"] for r in pair] == [0, 0, 0]
+            assert sum(r["remote_hits"] + r["local_hits"] + r["cache_hits"] for r in pair) >= IMAGES
+    assert sum(r["remote_hits"] + r["local_hits"] for pair in iv["rows"]["partitioned"] for r in pair) == 2 * IMAGES
+    assert "Interleaved pairs (2 epochs" in open(out + ".md").read()
+    assert _leftovers_gone() == []
+
+
 def test_sigterm_mid_run_removes_every_object(root):
     proc = subprocess.Popen(_argv(root, "--sides", "partitioned"), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
