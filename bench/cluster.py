@@ -675,7 +675,9 @@ class Side:
         for r in range(args.servers):
             cmd = [sys.executable, os.path.abspath(__file__), "--rank", str(r), "--side", side, "--data",
                    args.data, "--budget", str(side_budget), "--servers", str(args.servers),
-                   "--epochs", str(args.epochs + args.pairs), "--workers", str(args.workers),
+                   # one more than it will run: a rank leaves when its stdin closes (`stop`), never on
+                   # its own while the other side runs an epoch (its exit took CPU from that epoch)
+                   "--epochs", str(args.epochs + args.pairs + 1), "--workers", str(args.workers),
                    "--batch-size", str(args.batch_size), "--size", str(args.size),
                    "--node-timeout", str(args.node_timeout), "--step-ms", str(args.step_ms)]
             self.ranks.append(_spawn(cmd, ns_name(r), env=env, join=storage_cg))
