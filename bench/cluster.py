@@ -690,7 +690,7 @@ class Side:
 
     def epoch(self, label: str) -> tuple[list[dict], dict]:
         """Run one epoch on every rank together; (each rank's row, the side's CPU row)."""
-        args, ranks, nodes, side = self.args, self.ranks, self.nodes, self.side
+        ranks, nodes, side = self.ranks, self.nodes, self.side
         node0, busy0, all0 = {k: _cpu_s(v) for k, v in nodes.items()}, _machine_busy_s(), _all_cpu()
         for p in ranks:   # lockstep: every rank starts the epoch together
             p.stdin.write("go\n")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-
 from . import recycle, redisnode
 
 _SMALL = 256             # bytes per read of the framing (a value's payload is read on its own)

@@ -88,7 +88,7 @@ import inspect
 import logging
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
@@ -106,7 +106,8 @@ log = logging.getLogger("coordl.cache")
 HEADER = struct.Struct("<4sQQQ")   # magic, item, payload length, xxh3-64 of the payload ^ binding
 MAGIC = b"CDL2"
 _SCHEMES = ("redis", "rediss", "unix")
-_COUNTS = ("local_hits", "remote_hits", "remote_bytes", "remote_errors", "moved_hits", "cache_inserts")
+_COUNTS = ("local_hits", "remote_hits", "remote_bytes", "remote_errors", "moved_hits", "cache_inserts",
+           "ahead_hits")
 
 # KEYS: item key, meta key. ARGV: value, capacity (0: the server's maxmemory only), n_items, label.
 # Returns 1 written, 0 present, -1 over capacity, -2 the meta key is not coordl's (nothing written).
@@ -176,6 +177,9 @@ class PartitionedCache:
         ssl_ca_certs, ssl_certfile, ssl_keyfile: for ``rediss://`` nodes: the CA that signed the
             nodes' certificates (default: the system's CAs), and the client certificate and key
             for nodes that require one (mutual TLS).
+        read_ahead: True (default): a loader's worker sends the MGETs of the batch it gets next
+            as soon as it has read this one's (`send_ahead`), so that the peers' answers come in
+            while this batch is decoded; False: each batch's MGETs are sent when it is prepared.
 
     Construction connects to every node and raises `coordl.ConfigError` naming the
     URL and the fix for a wrong password, an unknown host, a closed port, a server
@@ -191,7 +195,7 @@ class PartitionedCache:
     def __init__(self, nodes: Sequence[str], node_rank: int, *, capacity_per_node: int | str | None = None,
                  timeout: float = 0.25, retry_after: float = 5.0, membership: str = "check",
                  ssl_ca_certs: str | None = None, ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
-                 _check: bool = True) -> None:
+                 read_ahead: bool = True, _check: bool = True) -> None:
         self.nodes, self.node_rank = _check_nodes(nodes), node_rank
         self._tls = nodetls.options(self.nodes, ssl_ca_certs, ssl_certfile, ssl_keyfile)
         if membership not in membership_mod.MODES:
@@ -199,6 +203,10 @@ class PartitionedCache:
                               "node list) or 'update' (rewrite their list: after adding, removing or replacing "
                               "a node, between epochs)")
         self.membership = membership
+        if not isinstance(read_ahead, bool):
+            raise ConfigError(f"read_ahead={read_ahead!r} must be True (send the next batch's MGETs while this "
+                              "one is prepared) or False")
+        self.read_ahead = read_ahead
         self._members: str | None = None  # the node list checked at each new connection (after construction)
         if not (isinstance(node_rank, int) and 0 <= node_rank < len(self.nodes)):
             raise ConfigError(f"node_rank={node_rank!r} must be an int in [0, {len(self.nodes)}): the index "
@@ -219,6 +227,7 @@ class PartitionedCache:
         self._full = [False] * len(self.nodes)
         self._maxmemory = [0] * len(self.nodes)
         self._fork = ForkGuard(owned=False)  # connections are rebuilt in each process
+        self._ahead: _Ahead | None = None  # MGETs sent for the batch get_many is asked for next
         self._connect()
         if _check:
             for j in range(len(self.nodes)):
@@ -379,7 +388,12 @@ class PartitionedCache:
         owner = placement.owners(self._require_open(), items)
         tally = dict.fromkeys(_COUNTS, 0)
         hits: dict[int, memoryview] = {}
-        self._read_groups(self._groups(items, owner), hits, tally)
+        ahead = self._take_ahead(items)
+        if ahead is not None:  # sent by send_ahead while the last batch was prepared
+            self._read_sent(ahead.groups, ahead.sent, hits, tally)
+            tally["ahead_hits"] = len(hits)
+        else:
+            self._read_groups(self._groups(items, owner), hits, tally)
         if self._was is not None and len(hits) < len(items):
             self._moved(items, owner, *self._was, hits, tally)
         if counters is not None:
@@ -406,25 +420,79 @@ class PartitionedCache:
             hits[i] = raw
             tally["cache_inserts"] += self.put(i, raw)
 
+    def send_ahead(self, indices: Iterable[int]) -> None:
+        """Send now the MGETs of the batch this process will ask `get_many` for next: their replies
+        come in while the current batch is prepared, and that `get_many` reads them from the
+        sockets instead of sending and waiting. A `get_many` of other items reads and drops them
+        first (so does the next `send_ahead`). One batch ahead per process; a forked child never
+        reads its parent's. Nothing is sent with ``read_ahead=False``."""
+        self._drop_ahead()
+        items = np.fromiter((int(i) for i in indices), dtype=np.int64)
+        if not self.read_ahead or not len(items) or self.fingerprint is None:
+            return
+        for i in (items.min(), items.max()):
+            self._check_item(int(i))
+        groups = self._groups(items, placement.owners(self._require_open(), items))
+        self._ahead = _Ahead(ForkGuard(), items.tobytes(), groups, self._send_groups(groups))
+
+    def _take_ahead(self, items: np.ndarray) -> _Ahead | None:
+        """The MGETs send_ahead sent in this process for exactly `items`, or None (any others are
+        read and dropped)."""
+        ahead = self._ahead
+        if ahead is None or not ahead.fork.owner():
+            self._ahead = None
+            return None
+        if ahead.items == items.tobytes():
+            self._ahead = None
+            return ahead
+        self._drop_ahead()
+        return None
+
+    def _drop_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.fork.owner():
+            self._read_sent(ahead.groups, ahead.sent, {}, dict.fromkeys(_COUNTS, 0))
+
+    def _send_groups(self, groups: dict[int, list[int]]) -> list[tuple[int, Any]]:
+        """Send one MGET per node of `groups`, the remote owners first, the local node last; the
+        (node, connection) pairs in reading order: the local node first."""
+        order = sorted(groups, key=lambda j: j != self.node_rank)
+        sent: list[tuple[int, Any]] = []
+        try:
+            for j in reversed(order):
+                sent.append((j, self._send(j, groups[j])))
+        except BaseException:
+            self._release_unread(sent)
+            raise
+        sent.reverse()
+        return sent
+
+    def _release_unread(self, sent: list[tuple[int, Any]]) -> None:
+        for j, conn in sent:  # replies left unread: their connections cannot be reused
+            if conn is not None:
+                conn.disconnect()
+                self._clients[j].connection_pool.release(conn)
+
     def _read_groups(self, groups: dict[int, list[int]], hits: dict, tally: dict) -> None:
         """One MGET per node of `groups` ({node: items}), all sent before any reply is read; the
         values that verify go into `hits`, counted into `tally`."""
-        order = sorted(groups, key=lambda j: j != self.node_rank)  # read: the local node first
-        sent: list[tuple[int, Any]] = []
+        self._read_sent(groups, self._send_groups(groups), hits, tally)
+
+    def _read_sent(self, groups: dict[int, list[int]], sent: list[tuple[int, Any]], hits: dict,
+                   tally: dict) -> None:
+        """Read the replies of the MGETs `sent` for `groups`, in order."""
+        sent = list(sent)
         try:
-            for j in reversed(order):  # send: the remote owners first, the local node last
-                sent.append((j, self._send(j, groups[j])))
-            sent.reverse()
             while sent:
                 j, conn = sent.pop(0)
+                if conn is not None and not self._usable(j):  # failed since its MGET went out (a batch
+                    self._release_unread([(j, conn)])          # ahead): its items are misses, as when down
+                    continue
                 values = None if conn is None else self._reply(j, conn)
                 local = j == self.node_rank
                 self._collect(groups[j], values, hits, tally, "local_hits" if local else "remote_hits", not local)
         finally:
-            for j, conn in sent:  # replies left unread (an exception): their connections cannot be reused
-                if conn is not None:
-                    conn.disconnect()
-                    self._clients[j].connection_pool.release(conn)
+            self._release_unread(sent)  # (an exception)
 
     def get(self, i: int, counters: Any = None) -> memoryview | None:
         """Item i's bytes from its owner, or None (a miss, an unusable node or a bad value)."""
@@ -562,6 +630,7 @@ class PartitionedCache:
 
     def close(self) -> None:
         """Close the connections of this process."""
+        self._ahead = None  # its connections are closed with the rest
         if self._fork.owner():
             for c in self._clients:
                 c.close()
@@ -572,6 +641,7 @@ class PartitionedCache:
         return {"nodes": self.nodes, "node_rank": self.node_rank, "capacity_per_node": self.capacity_per_node,
                 "timeout": self.timeout, "retry_after": self.retry_after, "fingerprint": self.fingerprint,
                 "tls": self._tls, "membership": self.membership, "previous": self._previous,
+                "read_ahead": self.read_ahead,
                 "n": self._n, "label": self._label, "maxmemory": self._maxmemory,
                 "health": self._health.state()}
 
@@ -579,7 +649,7 @@ class PartitionedCache:
         PartitionedCache.__init__(self, state["nodes"], state["node_rank"],
                                   capacity_per_node=state["capacity_per_node"], timeout=state["timeout"],
                                   retry_after=state["retry_after"], membership=state["membership"],
-                                  **state["tls"], _check=False)
+                                  read_ahead=state.get("read_ahead", True), **state["tls"], _check=False)
         self._maxmemory = list(state["maxmemory"])
         self._health = nodehealth.NodeHealth.from_state(len(self.nodes), state.get("health"))
         self._previous = state.get("previous")
@@ -589,6 +659,14 @@ class PartitionedCache:
     def __repr__(self) -> str:
         nodes = ", ".join(redisnode.redact(u) for u in self.nodes)
         return f"PartitionedCache(nodes=[{nodes}], node_rank={self.node_rank})"
+
+
+class _Ahead(NamedTuple):
+    """MGETs sent by `PartitionedCache.send_ahead`, their replies unread."""
+    fork: ForkGuard                   # the process that sent them (a forked child never reads them)
+    items: bytes                      # the items, as int64 bytes (compared with get_many's)
+    groups: dict[int, list[int]]      # {node: its items}
+    sent: list[tuple[int, Any]]       # (node, connection or None), local node first
 
 
 def _check_nodes(nodes: Sequence[str]) -> list[str]:

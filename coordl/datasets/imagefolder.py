@@ -334,6 +334,8 @@ class ImageFolder(CoordlDataset):
         objects = self.objects
         if ahead and objects is not None and sources.reads_ahead(self.read_ahead, objects.store):
             objects.start_ahead(epoch, ahead, cached(self.cache, ahead, self.counters))
+        elif ahead and hasattr(self.cache, "send_ahead"):  # a partitioned cache: its MGETs go out now
+            self.cache.send_ahead(ahead)
 
     def _alloc_batch(self, n: int) -> tuple[torch.Tensor, bool]:
         """uint8 (n, h, w, 3), and whether it is in a reusable buffer: in shared memory in a

@@ -37,6 +37,8 @@ KEYS: tuple[str, ...] = (
     "remote_errors",   # partitioned cache: values refused (bad checksum/header) or nodes that failed
     "moved_hits",      # partitioned cache: of local_hits + remote_hits, items read from their owner before
                        # the last node list update (then written to their owner now: cache_inserts)
+    "ahead_hits",      # partitioned cache: of local_hits + remote_hits, items whose MGET went out a batch
+                       # ahead (PartitionedCache read_ahead), read while the batch before was prepared
     "storage_requests",  # object storage (a dataset at a URL): GET requests sent, retries included
     "storage_retries",   # object storage: GETs retried after throttling, a 5xx, a timeout or a lost connection
 )

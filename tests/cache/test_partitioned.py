@@ -190,7 +190,8 @@ def test_pickled_state_carries_no_connection(redis_nodes):
     cache = _cache([redis_nodes()])
     state = cache.__getstate__()
     assert set(state) == {"nodes", "node_rank", "capacity_per_node", "timeout", "retry_after",
-                          "fingerprint", "n", "label", "maxmemory", "health", "tls", "membership", "previous"}
+                          "fingerprint", "n", "label", "maxmemory", "health", "tls", "membership", "previous",
+                          "read_ahead"}
     assert state["health"] is None          # the health table's fd crosses only while a process starts
 
 

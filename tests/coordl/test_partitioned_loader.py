@@ -59,7 +59,8 @@ def _node(rank, urls, root, cap, workers, cmds, results) -> None:
         ds = Recording(root, transform="val", size=SIZE)
         files = [open(ds.manifest.path(i), "rb").read() for i in range(len(ds))]
         want = {i: cpu.val(raw, SIZE) for i, raw in enumerate(files)}
-        cache = PartitionedCache(urls, rank, capacity_per_node=cap, timeout=5.0, retry_after=0.0)
+        # read_ahead off: a node stopped mid-epoch must not have answered the next batch already
+        cache = PartitionedCache(urls, rank, capacity_per_node=cap, timeout=5.0, retry_after=0.0, read_ahead=False)
         loader = coordl.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers,
                                    persistent_workers=workers > 0, rank=rank, world_size=WORLD, cache=cache)
         results.put(("ready", rank, len(loader)))
