@@ -60,7 +60,11 @@ def read_mget(conn: Any) -> list[memoryview | None]:
 
 
 class _Reply:
-    """One reply's framing, read from `sock` in small reads; payloads go straight to their buffers."""
+    """One reply's framing, read from `sock` in small reads; payloads go straight to their buffers.
+
+    Bytes read past the reply's end are not kept: one request at a time per connection (what
+    PartitionedCache does, read-ahead included: it sends a batch's MGETs once the last replies
+    on those connections are read)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.buf, self.pos = sock, bytearray(), 0
