@@ -385,14 +385,15 @@ class PartitionedCache:
             return {}
         for i in (items.min(), items.max()):
             self._check_item(int(i))
-        owner = placement.owners(self._require_open(), items)
         tally = dict.fromkeys(_COUNTS, 0)
         hits: dict[int, memoryview] = {}
         ahead = self._take_ahead(items)
         if ahead is not None:  # sent by send_ahead while the last batch was prepared
+            owner = ahead.owner
             self._read_sent(ahead.groups, ahead.sent, hits, tally)
             tally["ahead_hits"] = len(hits)
         else:
+            owner = placement.owners(self._require_open(), items)
             self._read_groups(self._groups(items, owner), hits, tally)
         if self._was is not None and len(hits) < len(items):
             self._moved(items, owner, *self._was, hits, tally)
@@ -432,8 +433,9 @@ class PartitionedCache:
             return
         for i in (items.min(), items.max()):
             self._check_item(int(i))
-        groups = self._groups(items, placement.owners(self._require_open(), items))
-        self._ahead = _Ahead(ForkGuard(), items.tobytes(), groups, self._send_groups(groups))
+        owner = placement.owners(self._require_open(), items)
+        groups = self._groups(items, owner)
+        self._ahead = _Ahead(ForkGuard(), items.tobytes(), owner, groups, self._send_groups(groups))
 
     def _take_ahead(self, items: np.ndarray) -> _Ahead | None:
         """The MGETs send_ahead sent in this process for exactly `items`, or None (any others are
@@ -665,6 +667,7 @@ class _Ahead(NamedTuple):
     """MGETs sent by `PartitionedCache.send_ahead`, their replies unread."""
     fork: ForkGuard                   # the process that sent them (a forked child never reads them)
     items: bytes                      # the items, as int64 bytes (compared with get_many's)
+    owner: np.ndarray                 # each item's owner (placement.owners)
     groups: dict[int, list[int]]      # {node: its items}
     sent: list[tuple[int, Any]]       # (node, connection or None), local node first
 

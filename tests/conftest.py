@@ -135,6 +135,26 @@ def manifest_cache(tmp_path_factory):
         os.environ["COORDL_MANIFEST_CACHE"] = old
 
 
+def _in_child(check) -> int:
+    """Run `check()` -> bool in a forked child; its exit code (0: True, 2: False, 1: it raised)."""
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            code = 0 if check() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.fixture
+def in_child():
+    """`in_child(check)`: run `check()` -> bool in a forked child of this process; its exit code
+    (0: True, 2: False, 1: it raised)."""
+    return _in_child
+
+
 @pytest.fixture
 def dropped():
     """Datasets appended here have their MinIO cache segment unlinked after the test, whatever

@@ -7,25 +7,12 @@ import os
 from coordl.cache.forkguard import ForkGuard
 
 
-def _in_child(check) -> int:
-    """Run `check()` -> bool in a forked child; its exit code (0: True)."""
-    pid = os.fork()
-    if pid == 0:  # the child
-        code = 1
-        try:
-            code = 0 if check() else 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
 def test_owner_in_the_process_that_made_it():
     guard = ForkGuard()
     assert guard.owner() and not guard.forked() and guard.pid == os.getpid()
 
 
-def test_a_forked_child_sees_forked_until_it_resets():
+def test_a_forked_child_sees_forked_until_it_resets(in_child):
     guard = ForkGuard()
 
     def child() -> bool:
@@ -33,7 +20,7 @@ def test_a_forked_child_sees_forked_until_it_resets():
         guard.reset()
         return before and guard.owner() and not guard.forked() and guard.pid == os.getpid()
 
-    assert _in_child(child) == 0
+    assert in_child(child) == 0
     assert guard.owner() and guard.pid == os.getpid()  # the child's reset is its own
 
 

@@ -5,7 +5,6 @@ most its capacity, and MGET values read into pooled buffers stay intact while th
 from __future__ import annotations
 
 import gc
-import os
 
 import numpy as np
 import pytest
@@ -52,19 +51,9 @@ def test_the_pool_holds_at_most_its_capacity_and_lets_small_buffers_go():
     assert pool.held_bytes <= 2**20 and pool.held_bytes >= 2 * 400_000
 
 
-def test_a_forked_child_gets_its_own_pool():
+def test_a_forked_child_gets_its_own_pool(in_child):
     parent = recycle.process_pool()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.write(w, b"1" if recycle.process_pool() is not parent else b"0")
-        finally:
-            os._exit(0)
-    os.close(w)
-    assert os.read(r, 1) == b"1"
-    os.close(r)
-    os.waitpid(pid, 0)
+    assert in_child(lambda: recycle.process_pool() is not parent) == 0
     assert recycle.process_pool() is parent
 
 
