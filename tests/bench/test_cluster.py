@@ -67,10 +67,11 @@ def _leftovers_gone() -> list[str]:
 def test_tiny_cluster_partitioned_reads_no_storage_from_epoch_2_and_cleans_up(root, tmp_path):
     out = str(tmp_path / "cluster")
     # 24 items over 3 nodes: rendezvous hashing may give one node half of them, so the budgets
-    # (0.7 of the dataset each) leave room for the largest share, not only for the mean
-    proc = subprocess.run(_argv(root, "--sides", "partitioned,none", "--budget-fraction", "0.7", "--out", out),
-                          cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    # (0.7 of the dataset each) leave room for the largest share, not only for the mean; then 2
+    # interleaved pairs with the partitioned and reference clusters both alive
+    proc = subprocess.run(_argv(root, "--sides", "partitioned,reference,none", "--budget-fraction", "0.7",
+                                "--pairs", "2", "--out", out),
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out + ".json") as f:
         res = json.load(f)
@@ -86,17 +87,6 @@ def test_tiny_cluster_partitioned_reads_no_storage_from_epoch_2_and_cleans_up(ro
     assert sum(rows[1]["remote_bytes"] for rows in part) > 0
     assert sum(rows[1]["storage_bytes"] for rows in none) == total
     assert res["shape"]["partitioned_storage_bytes_from_epoch_2"] == 0
-    assert "| partitioned | 2 |" in open(out + ".md").read()
-    assert _leftovers_gone() == []
-
-
-def test_interleaved_pairs_keep_both_clusters_and_read_no_storage(root, tmp_path):
-    out = str(tmp_path / "pairs")
-    proc = subprocess.run(_argv(root, "--sides", "partitioned,reference", "--budget-fraction", "0.7",
-                                "--pairs", "2", "--out", out), cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with open(out + ".json") as f:
-        res = json.load(f)
     iv = res["shape"]["interleaved"]
     assert iv["pairs"] == 2 and len(iv["time_ratios"]) == len(iv["cpu_ratios"]) == 2
     assert iv["min_time_ratio"] <= iv["median_time_ratio"] <= iv["max_time_ratio"]
@@ -106,7 +96,8 @@ def test_interleaved_pairs_keep_both_clusters_and_read_no_storage(root, tmp_path
             assert [r["storage_bytes"] for r in pair] == [0, 0, 0]
             assert sum(r["remote_hits"] + r["local_hits"] + r["cache_hits"] for r in pair) >= IMAGES
     assert sum(r["remote_hits"] + r["local_hits"] for pair in iv["rows"]["partitioned"] for r in pair) == 2 * IMAGES
-    assert "Interleaved pairs (2 epochs" in open(out + ".md").read()
+    md = open(out + ".md").read()
+    assert "| partitioned | 2 |" in md and "Interleaved pairs (2 epochs" in md
     assert _leftovers_gone() == []
 
 
