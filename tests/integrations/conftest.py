@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from coordl.cli.make_dataset import make_dataset
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+PY_SPY = os.path.join(os.path.dirname(sys.executable), "py-spy")  # (dev extra: stacks of a job that hangs)
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +32,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(args: list[str], nproc: int = 1, timeout: float = 300, env: dict | None = None) -> str:
-    """A job script of tests/integrations/jobs, as one process or under torchrun; its stdout."""
+def _session(sid: int) -> list[psutil.Process]:
+    """Every process of the job's session (its own, Lightning's other ranks, their workers), orphans too."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                found.append(p)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return found
+
+
+def _stacks(procs: list[psutil.Process]) -> str:
+    """Each process's Python stacks (py-spy, a dev dependency), or its command line where py-spy fails."""
+    out = []
+    for p in procs:
+        try:
+            dump = subprocess.run([PY_SPY, "dump", "--pid", str(p.pid)], capture_output=True, text=True,
+                                  timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired) as e:
+            dump = f"(py-spy: {e})"
+        try:
+            out.append(f"--- pid {p.pid} (parent {p.ppid()}): {' '.join(p.cmdline())[:200]}\n{dump}")
+        except psutil.Error:
+            out.append(f"--- pid {p.pid} (gone)")
+    return "\n".join(out)
+
+
+def run_job(args: list[str], nproc: int = 1, timeout: float = 150, env: dict | None = None) -> str:
+    """A job script of tests/integrations/jobs, as one process or under torchrun; its stdout.
+
+    The job runs in a session of its own. One that outlives `timeout` (below pytest's own 300 s,
+    so that this, not pytest-timeout, reports it) fails the test with the job's output and the
+    stacks of every process in its session, which are then killed (none outlives the test)."""
     script = os.path.join(JOBS, args[0])
     if nproc == 1:
         cmd = [sys.executable, script, *args[1:]]
@@ -38,9 +73,26 @@ def run_job(args: list[str], nproc: int = 1, timeout: float = 300, env: dict | N
         cmd = [TORCHRUN, f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
                f"--master_port={free_port()}", script, *args[1:]]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        procs = _session(proc.pid)
+        stacks = _stacks(procs)
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s\n{stdout[-2000:]}\n{stderr[-4000:]}\n"
+                    f"stacks of its processes:\n{stacks}")
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{stdout[-2000:]}\n{stderr[-4000:]}"
+    _gone, leftover = psutil.wait_procs(_session(proc.pid), timeout=60)  # a rank or worker still exiting
+    for p in leftover:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert not leftover, f"{' '.join(cmd)} left processes behind a minute after it ended: {leftover}"
+    return stdout
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ def test_sharded_once_and_mid_epoch_checkpoint_resumes_exactly(ids_root, tmp_pat
     full.mkdir()
     resumed.mkdir()
     common = [ids_root, None, str(devices), str(use_ds), str(workers), "2"]
-    job(["lightning_job.py", *common[:1], str(full), *common[2:], "3"], timeout=400)
+    job(["lightning_job.py", *common[:1], str(full), *common[2:], "3"])
     runs = [_steps(full, r) for r in range(devices)]
     assert all(r["is_coordl"] for r in runs)
     assert runs[0]["sampler"] == ("DistributedSampler" if devices > 1 and use_ds else
@@ -32,8 +32,7 @@ def test_sharded_once_and_mid_epoch_checkpoint_resumes_exactly(ids_root, tmp_pat
         assert [len(s) for s in shares] == [per_epoch] * devices          # sharded exactly once
         assert sorted(i for s in shares for i in s) == list(range(30))    # disjoint and covering
     # resume from the checkpoint after 3 steps (mid epoch 0) in fresh processes
-    job(["lightning_job.py", ids_root, str(resumed), *common[2:], "0", str(full / "ckpt" / "step=3.ckpt")],
-        timeout=400)
+    job(["lightning_job.py", ids_root, str(resumed), *common[2:], "0", str(full / "ckpt" / "step=3.ckpt")])
     for rank in range(devices):
         after = _steps(resumed, rank)["steps"]
         assert after == runs[rank]["steps"][3:]   # epoch, batch index, item ids, sha256 of the pixels

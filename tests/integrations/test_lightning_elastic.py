@@ -49,7 +49,7 @@ def _saved(saved_runs, world, ids_root, tmp_path_factory, job):
     if world not in saved_runs:
         full = tmp_path_factory.mktemp(f"saved{world}")
         # coordl's ranks (use_distributed_sampler=False), no workers, 2 epochs, a checkpoint every 3 steps
-        job(["lightning_job.py", ids_root, str(full), str(world), "0", "0", "2", "3"], nproc=world, timeout=400)
+        job(["lightning_job.py", ids_root, str(full), str(world), "0", "0", "2", "3"], nproc=world)
         saved_runs[world] = full
     return saved_runs[world]
 
@@ -72,7 +72,7 @@ def test_a_checkpoint_resumes_with_another_number_of_ranks(ids_root, tmp_path, t
     read = [i for steps in ranks for e, b, ids, _h in steps if e == 0 and b < 3 for i in ids]
     assert len(read) == len(set(read)) == world * 3 * 4
     job(["lightning_job.py", ids_root, str(resumed), str(new_world), "0", "0", "2", "0", str(ckpt), "1"],
-        nproc=new_world, timeout=400)
+        nproc=new_world)
     rest = np.array([i for i in epoch_order(30, 7, 0).tolist() if i not in set(read)])
     length = share_batches(30, new_world, 4, False)
     left = share_batches(len(rest), new_world, 4, False)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import sys
+from datetime import timedelta
 
 import lightning as L
 import torch
@@ -52,7 +53,10 @@ def main() -> None:
     callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), every_n_train_steps=every,
                                                      save_top_k=-1, filename="{step}")] if every else []
     callbacks += [coordl.ElasticResume()] if elastic else []
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+    # a rank stuck in a collective raises within 90 s (not gloo's 30 minutes): the test then shows
+    # which one, and where (tests/integrations/conftest.py gives a job 150 s)
+    strategy = L.pytorch.strategies.DDPStrategy(timeout=timedelta(seconds=90)) if devices > 1 else "auto"
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy,
                         max_epochs=epochs, use_distributed_sampler=use_ds, logger=False,
                         enable_checkpointing=bool(every), callbacks=callbacks, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0)
