@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import select
@@ -19,13 +20,17 @@ import pytest
 from coordl.coordinator import client, segments
 
 COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
+_spec = importlib.util.spec_from_file_location(  # tests/forked.py (tests/ is not a package)
+    "coordl_tests_forked", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "forked.py"))
+forked = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(forked)
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job_main.py")
 
 
 class Served:
     """One `coordl serve` process started by the `serve` fixture."""
 
-    def __init__(self, proc: subprocess.Popen, socket: str, log: str) -> None:
+    def __init__(self, proc, socket: str, log: str) -> None:
         self.proc, self.socket, self.log = proc, socket, log
         self.address = "unix://" + socket
         st = self.status_at_start = self.status()
@@ -73,8 +78,13 @@ def _start(sockdir: str, root: str, batch_size: int = 4, size: int = 32, name: s
         flag = f"--{key.replace('_', '-')}"
         argv += [flag] if value is True else [flag, str(value)]
     with open(log, "w") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
-                                start_new_session=new_session)
+        # `coordl serve` forked from this process (tests/forked.py: no torch import), but for the DALI
+        # backend: DALI's threads and state in this process (a test's own DALI pipeline) are not fork-safe
+        if program is None and options.get("backend") != "dali":
+            proc = forked.coordl(argv[1:], stdout=subprocess.PIPE, stderr=err, start_new_session=new_session)
+        else:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
+                                    start_new_session=new_session)
     ready, _, _ = select.select([proc.stdout], [], [], 60)
     line = proc.stdout.readline() if ready else ""
     if "listening" not in line:
@@ -156,8 +166,7 @@ class Job:
         self.out, self._pending = out, b""
         spec = {"root": root, "socket": served.socket, "batch_size": 4, "size": 32, "epochs": 2,
                 "sleep": 0.0, "out": out, **args}
-        self.proc = subprocess.Popen([sys.executable, JOB, json.dumps(spec)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = forked.script(JOB, [json.dumps(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def wait_for(self, text: str, timeout: float = 60.0) -> None:
         """Read the job's output until a line equal to `text` (or fail)."""

@@ -12,13 +12,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
 
 import coordl
 from coordl.errors import ConfigError, CoordinatorError
+
+from .conftest import forked
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resume_job.py")
 BPE = 10
@@ -28,8 +29,8 @@ class ResumeJob:
     def __init__(self, tmp_path, name: str, root: str, served, **args) -> None:
         self.out = str(tmp_path / f"{name}.json")
         spec = {"root": root, "socket": served.socket, "iterations": 2, "out": self.out, **args}
-        self.proc = subprocess.Popen([sys.executable, JOB, json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = forked.script(JOB, [json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
 
     def wait_for(self, text: str) -> None:
         for line in self.proc.stdout:  # the job prints and flushes a line per event

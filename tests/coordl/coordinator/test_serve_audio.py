@@ -22,6 +22,8 @@ import torch
 import coordl
 from coordl.coordinator import client, segments
 
+from .conftest import forked
+
 sf = pytest.importorskip("soundfile")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,7 +66,7 @@ class Daemon:
         argv = [COORDL, "serve", "--dataset", dataset, "--dataset-args", json.dumps(args),
                 "--batch-size", str(BATCH), "--seed", str(SEED), "--socket", self.socket, *flags]
         with open(self.log, "w") as err:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+            self.proc = forked.coordl(argv[1:], stdout=subprocess.PIPE, stderr=err, env=env)
         ready, _, _ = select.select([self.proc.stdout], [], [], 60)
         line = self.proc.stdout.readline() if ready else ""
         if "listening" not in line:
@@ -113,8 +115,7 @@ def _job(tmp_path, k: int, daemon: Daemon, dataset: str, args: dict, epochs: int
     spec = {"dataset": dataset, "args": args, "seed": SEED, "socket": daemon.socket,
             "batch_size": BATCH, "epochs": epochs, "out": out}
     env = {**os.environ, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, SAMPLE_JOB, json.dumps(spec)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = forked.script(SAMPLE_JOB, [json.dumps(spec)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     return proc, out
 
 
