@@ -14,8 +14,10 @@ JPEG folders made by coordl.cli.make_dataset, small enough to decode quickly.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 
 #: This session's shared-memory folder (mode 0755: other uids reach folders inside it, test_shared_node).
@@ -30,6 +32,13 @@ import pytest  # noqa: E402
 
 from coordl.cache import shm  # noqa: E402
 from coordl.cli.make_dataset import make_dataset  # noqa: E402
+
+# tests/forked.py, importable as `coordl_tests_forked` (tests/ is no package, and importlib mode
+# puts nothing on sys.path): commands and scripts as forked children of the test process
+_spec = importlib.util.spec_from_file_location("coordl_tests_forked", os.path.join(os.path.dirname(__file__),
+                                                                                    "forked.py"))
+sys.modules["coordl_tests_forked"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sys.modules["coordl_tests_forked"])
 
 
 def _session_shm() -> set[str]:

@@ -43,7 +43,8 @@ class Forked:
     """A forked child running `target()` with the given argv, environment and standard streams."""
 
     def __init__(self, target: Callable[[], object], argv: list[str], *, stdin=None, stdout=None, stderr=None,
-                 env: dict | None = None, text: bool = True, start_new_session: bool = False) -> None:
+                 env: dict | None = None, cwd: str | os.PathLike | None = None, text: bool = True,
+                 start_new_session: bool = False) -> None:
         self.args, self.returncode = argv, None
         ends: dict[int, int] = {}   # the child's fd 0/1/2 -> the descriptor to put there
         mine: dict[int, int] = {}   # this process's ends of the pipes
@@ -87,6 +88,8 @@ class Forked:
                     # PYTHONPATH's folders first on sys.path, as a new interpreter puts them
                     sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
                 sys.argv = list(argv)
+                if cwd is not None:
+                    os.chdir(cwd)
                 # logging as in a new interpreter: no handler (pytest's capture handlers are on
                 # this process's root logger, and basicConfig adds nothing while one is there)
                 for handler in list(logging.root.handlers):
@@ -150,17 +153,21 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
     def communicate(self, timeout: float | None = None) -> tuple:
-        """(stdout, stderr) read to their ends (stderr on a thread, so that neither pipe fills)."""
-        err: list = [None]
-        reader = None
-        if self.stderr is not None:
-            reader = threading.Thread(target=lambda: err.__setitem__(0, self.stderr.read()), daemon=True)  # pyright: ignore[reportOptionalMemberAccess]
-            reader.start()
-        out = self.stdout.read() if self.stdout else None
-        if reader is not None:
-            reader.join()
-        self.wait(timeout)
-        return out, err[0]
+        """(stdout, stderr) read to their ends, each on a thread (neither pipe fills); then the exit.
+        subprocess.TimeoutExpired when the child has not closed them and exited within `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        got: dict[int, object] = {}
+        readers = []
+        for n, stream in ((1, self.stdout), (2, self.stderr)):
+            if stream is not None:
+                readers.append(threading.Thread(target=lambda n=n, f=stream: got.__setitem__(n, f.read()), daemon=True))
+                readers[-1].start()
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)  # pyright: ignore[reportArgumentType]
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return got.get(1), got.get(2)
 
 
 def coordl(args: list[str], **kw) -> Forked:
@@ -175,3 +182,15 @@ def script(path: str, args: list[str], **kw) -> Forked:
         sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
         runpy.run_path(path, run_name="__main__")
     return Forked(run, [path, *args], **kw)
+
+
+def run(args: list[str], timeout: float | None = None, **kw) -> subprocess.CompletedProcess:
+    """`subprocess.run(["coordl", *args], capture_output=True, text=True, ...)`, forked."""
+    child = coordl(args, stdout=PIPE, stderr=PIPE, **kw)
+    try:
+        out, err = child.communicate(timeout)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)  # pyright: ignore[reportArgumentType]

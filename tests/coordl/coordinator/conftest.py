@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import os
 import select
@@ -14,16 +13,13 @@ import sys
 import tempfile
 import time
 
+import coordl_tests_forked as forked
 import psutil
 import pytest
 
 from coordl.coordinator import client, segments
 
 COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
-_spec = importlib.util.spec_from_file_location(  # tests/forked.py (tests/ is not a package)
-    "coordl_tests_forked", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "forked.py"))
-forked = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(forked)
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job_main.py")
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import coordl_tests_forked as forked
 import pytest
 
 COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
@@ -41,15 +42,19 @@ def steps_dir(tmp_path):
     return tmp_path
 
 
-def run(args, cwd, env=None):
-    return subprocess.run([COORDL, "profile", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=240, env=env)
+def run(args, cwd, env=None, executable=False):
+    """`coordl profile ARGS` in cwd: the installed executable, or (most tests: the same click
+    command, without an interpreter start and torch import) forked from this process."""
+    if executable:
+        return subprocess.run([COORDL, "profile", *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=240, env=env)
+    return forked.run(["profile", *args], cwd=cwd, env=env, timeout=240)
 
 
 def test_cli_writes_table_json_and_png(tiny_root, steps_dir):
     out, png = steps_dir / "p.json", steps_dir / "p.png"
     p = run(["--data", tiny_root, "--train-step", "mysteps:step", "--batch-size", "4", "--workers", "1",
-             "--steps", "2", "--validate", "--json", str(out), "--plot", str(png)], steps_dir)
+             "--steps", "2", "--validate", "--json", str(out), "--plot", str(png)], steps_dir, executable=True)
     assert p.returncode == 0, p.stderr
     assert "fetch stall" in p.stdout and "what if: cache size" in p.stdout
     d = json.loads(out.read_text())
