@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from .conftest import SAVED
+
 
 def _steps(out, rank=0):
     return json.loads((out / f"steps-rank{rank}.json").read_text())
@@ -16,12 +18,17 @@ def _steps(out, rank=0):
 # the DDP-coordl-ranks run's, per rank; dropped to keep the suite in budget, issue 26).
 @pytest.mark.parametrize("devices,use_ds,workers", [(1, 1, 0), (2, 1, 0), (2, 0, 2)],
                          ids=["1proc-w0", "ddp-lightning-sampler-w0", "ddp-coordl-ranks-w2"])
-def test_sharded_once_and_mid_epoch_checkpoint_resumes_exactly(ids_root, tmp_path, job, devices, use_ds, workers):
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    full.mkdir()
+def test_sharded_once_and_mid_epoch_checkpoint_resumes_exactly(ids_root, tmp_path, job, saved_run, devices, use_ds,
+                                                               workers):
+    resumed = tmp_path / "resumed"
     resumed.mkdir()
     common = [ids_root, None, str(devices), str(use_ds), str(workers), "2"]
-    job(["lightning_job.py", *common[:1], str(full), *common[2:], "3"])
+    if SAVED[devices][:2] == (str(use_ds), str(workers)):  # the run test_lightning_elastic.py resumes too
+        full = saved_run(devices)
+    else:
+        full = tmp_path / "full"
+        full.mkdir()
+        job(["lightning_job.py", *common[:1], str(full), *common[2:], "3"])
     runs = [_steps(full, r) for r in range(devices)]
     assert all(r["is_coordl"] for r in runs)
     assert runs[0]["sampler"] == ("DistributedSampler" if devices > 1 and use_ds else

@@ -38,31 +38,14 @@ def _digests(loader, epochs):
     return out
 
 
-@pytest.fixture(scope="module")
-def saved_runs() -> dict:
-    """world size -> the directory of its 2-epoch run (checkpoints every 3 steps): one run per world
-    size for the whole module, shared by the resumes of it."""
-    return {}
-
-
-def _saved(saved_runs, world, ids_root, tmp_path_factory, job):
-    if world not in saved_runs:
-        full = tmp_path_factory.mktemp(f"saved{world}")
-        # coordl's ranks (use_distributed_sampler=False), no workers, 2 epochs, a checkpoint every 3 steps
-        job(["lightning_job.py", ids_root, str(full), str(world), "0", "0", "2", "3"], nproc=world)
-        saved_runs[world] = full
-    return saved_runs[world]
-
-
 # 30 items, batch_size 4; a checkpoint after 3 steps of epoch 0. Per rank: batches per epoch of the
 # new world (len), batches of epoch 0 left after the checkpoint, so batch_idx runs len-left .. len-1:
 #   2 -> 1: 24 read, 6 left: len 8, left 2 (shrinking: the loader ends first)
 #   1 -> 2: 12 read, 18 left, 9 a rank: len 4, left 3 (without ElasticResume Lightning ran 4-3=1)
 #   2 -> 3: 24 read, 6 left, 2 a rank: len 3, left 1
 @pytest.mark.parametrize("world,new_world", [(2, 1), (1, 2), (2, 3)], ids=["2to1", "1to2", "2to3"])
-def test_a_checkpoint_resumes_with_another_number_of_ranks(ids_root, tmp_path, tmp_path_factory, job, saved_runs,
-                                                           world, new_world):
-    full = _saved(saved_runs, world, ids_root, tmp_path_factory, job)
+def test_a_checkpoint_resumes_with_another_number_of_ranks(ids_root, tmp_path, job, saved_run, world, new_world):
+    full = saved_run(world)  # tests/integrations/conftest.py: 2 epochs, a checkpoint every 3 steps
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     ranks = [_steps(full, r)["steps"] for r in range(world)]
@@ -102,8 +85,8 @@ def _checkpoint(full) -> dict:
     return torch.load(full / "ckpt" / "step=3.ckpt", weights_only=False, map_location="cpu")
 
 
-def test_rewrite_progress_moves_only_this_epochs_batch_count(ids_root, tmp_path_factory, job, saved_runs):
-    saved = _checkpoint(_saved(saved_runs, 1, ids_root, tmp_path_factory, job))
+def test_rewrite_progress_moves_only_this_epochs_batch_count(saved_run):
+    saved = _checkpoint(saved_run(1))
     loops = saved["loops"]["fit_loop"]
     before = json.loads(json.dumps(saved["loops"], default=str))
     assert rewrite_progress(saved, 1) is None and saved["loops"]["fit_loop"] == loops  # the world that saved
@@ -116,11 +99,10 @@ def test_rewrite_progress_moves_only_this_epochs_batch_count(ids_root, tmp_path_
         assert json.loads(json.dumps(loops[key], default=str)) == before["fit_loop"][key], key
 
 
-def test_rewrite_progress_ends_an_epoch_the_new_world_has_nothing_left_of(ids_root, tmp_path_factory, job,
-                                                                          saved_runs):
+def test_rewrite_progress_ends_an_epoch_the_new_world_has_nothing_left_of(ids_root, saved_run):
     """drop_last: 1 rank read 6 of its 7 batches (24 items); 2 ranks split the 6 left, 3 each, no
     whole batch of 4: the new ranks have nothing left of epoch 0, as after its last batch."""
-    saved = _checkpoint(_saved(saved_runs, 1, ids_root, tmp_path_factory, job))
+    saved = _checkpoint(saved_run(1))
     loader = coordl.DataLoader(coordl.ImageFolder(ids_root, transform="train", size=8, seed=7), batch_size=4,
                                shuffle=True, drop_last=True)
     for n, _batch in enumerate(loader):
@@ -136,8 +118,8 @@ def test_rewrite_progress_ends_an_epoch_the_new_world_has_nothing_left_of(ids_ro
     assert progress["is_last_batch"]
 
 
-def test_rewrite_progress_refuses_what_it_cannot_resume(ids_root, tmp_path_factory, job, saved_runs):
-    saved = _checkpoint(_saved(saved_runs, 1, ids_root, tmp_path_factory, job))
+def test_rewrite_progress_refuses_what_it_cannot_resume(saved_run):
+    saved = _checkpoint(saved_run(1))
     with pytest.raises(ConfigError, match="limit_train_batches=0.5 cuts each epoch to 2 of the loader's 4"):
         rewrite_progress(saved, 2, 0.5)
     states = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
