@@ -80,7 +80,8 @@ def shm_session_dir():
 # by where it lives and what it starts. `slow` = starts a `coordl serve` daemon (the `serve`,
 # `shared_serve` and `sockdir` fixtures), runs a training framework (integrations/), a benchmark (bench/), a whole
 # profile run, or the demo; kills or stalls an object store and waits out its timeouts, or runs whole
-# loaders over one (objstore/ fault and end-to-end files; test_cli_s3.py serves and profiles an s3:// URL);
+# loaders over one (objstore/ fault and end-to-end files; test_cli_s3.py serves and profiles an s3:// URL;
+# test_obstore_client.py forks DataLoader workers and kills servers mid-request, ~30 s of the fast tier);
 # sweeps every corruption of a JPEG corpus.
 SLOW_FOLDERS = ("integrations", "bench")
 SLOW_FILES = ("coordl/profiler/test_profile.py", "coordl/profiler/test_cli_profile.py", "coordl/test_demo.py",
@@ -89,7 +90,7 @@ SLOW_FILES = ("coordl/profiler/test_profile.py", "coordl/profiler/test_cli_profi
               "objstore/test_integrations_s3.py", "objstore/test_bench_objstore.py", "objstore/test_read_ahead.py",
               "coordl/profiler/test_profile_datasets.py", "objstore/test_static_listing.py",
               "objstore/test_gcs_azure.py", "pipelines/test_corrupt.py", "objstore/test_webdataset_read_ahead.py",
-              "objstore/test_gcs_azure_faults.py")
+              "objstore/test_gcs_azure_faults.py", "objstore/test_obstore_client.py")
 SLOW_FIXTURES = {"serve", "sockdir", "shared_serve"}
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 
