@@ -60,6 +60,12 @@ def _stacks(procs: list[psutil.Process]) -> str:
     return "\n".join(out)
 
 
+def _kill(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
 def run_job(args: list[str], nproc: int = 1, timeout: float = 150, env: dict | None = None) -> str:
     """A job script of tests/integrations/jobs, as one process or under torchrun; its stdout.
 
@@ -80,17 +86,13 @@ def run_job(args: list[str], nproc: int = 1, timeout: float = 150, env: dict | N
     except subprocess.TimeoutExpired:
         procs = _session(proc.pid)
         stacks = _stacks(procs)
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        _kill(procs)
         stdout, stderr = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s\n{stdout[-2000:]}\n{stderr[-4000:]}\n"
                     f"stacks of its processes:\n{stacks}")
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{stdout[-2000:]}\n{stderr[-4000:]}"
     _gone, leftover = psutil.wait_procs(_session(proc.pid), timeout=60)  # a rank or worker still exiting
-    for p in leftover:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
+    _kill(leftover)
     assert not leftover, f"{' '.join(cmd)} left processes behind a minute after it ended: {leftover}"
     return stdout
 
