@@ -14,6 +14,7 @@ JPEG folders made by coordl.cli.make_dataset, small enough to decode quickly.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import shutil
@@ -24,6 +25,9 @@ import tempfile
 SHM_DIR = tempfile.mkdtemp(prefix=f"pytest-shm-{os.getpid()}-", dir="/dev/shm")
 os.chmod(SHM_DIR, 0o755)
 os.environ["COORDL_SHM_DIR"] = SHM_DIR
+# pytest_unconfigure and shm_session_dir remove it; this, where neither runs (an import below
+# failed, so pytest never loaded this file): by this process only, not by a forked child of it
+atexit.register(lambda pid=os.getpid(): os.getpid() == pid and shutil.rmtree(SHM_DIR, ignore_errors=True))
 
 import time  # noqa: E402 (COORDL_SHM_DIR first)
 
@@ -33,12 +37,13 @@ import pytest  # noqa: E402
 from coordl.cache import shm  # noqa: E402
 from coordl.cli.make_dataset import make_dataset  # noqa: E402
 
-# tests/forked.py, importable as `coordl_tests_forked` (tests/ is no package, and importlib mode
-# puts nothing on sys.path): commands and scripts as forked children of the test process
-_spec = importlib.util.spec_from_file_location("coordl_tests_forked", os.path.join(os.path.dirname(__file__),
-                                                                                    "forked.py"))
-sys.modules["coordl_tests_forked"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sys.modules["coordl_tests_forked"])
+# tests/forked.py and tests/jobs.py, importable as `coordl_tests_forked` and `coordl_tests_jobs`
+# (tests/ is no package, and importlib mode puts nothing on sys.path): commands and scripts as
+# forked children of the test process; training jobs run as a user runs them, bounded
+for _name, _file in (("coordl_tests_forked", "forked.py"), ("coordl_tests_jobs", "jobs.py")):
+    _spec = importlib.util.spec_from_file_location(_name, os.path.join(os.path.dirname(__file__), _file))
+    sys.modules[_name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules[_name])
 
 
 def _session_shm() -> set[str]:

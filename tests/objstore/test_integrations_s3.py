@@ -9,10 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
-import subprocess
 import sys
 
+import coordl_tests_jobs as jobs
 import pytest
 
 from coordl.cli.make_dataset import make_dataset
@@ -39,9 +38,7 @@ def test_accelerate_one_process_over_s3_keeps_the_cache_and_counters(moto_server
     root, env = _ids_in_bucket(moto_server, tmp_path, "ids")
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, JOB, "s3://ids/train", str(out), "3", "cache"], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    jobs.run(jobs.command(JOB, ["s3://ids/train", str(out), "3", "cache"]), env)
     rec = json.loads((out / "rank0.json").read_text())
     first, second, third = rec["stats"]
     assert (first["storage_reads"], first["storage_requests"], first["samples"]) == (30, 30, 30)
@@ -56,9 +53,7 @@ def test_accelerate_one_process_over_s3_keeps_the_cache_and_counters(moto_server
 def _lightning(root: str, out, env: dict, *extra: str) -> list:
     out.mkdir()
     job = os.path.join(TESTS, "integrations", "jobs", "lightning_job.py")
-    proc = subprocess.run([sys.executable, job, root, str(out), "1", "1", "2", "2", *extra], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    jobs.run(jobs.command(job, [root, str(out), "1", "1", "2", "2", *extra]), env)
     rec = json.loads((out / "steps-rank0.json").read_text())
     assert rec["is_coordl"]
     return rec["steps"]
@@ -98,17 +93,11 @@ def test_accelerate_two_ranks_under_torchrun_over_s3_match_the_local_copy(moto_s
     the same items per rank and epoch and the same bytes, each sample one GET (no cache)."""
     pytest.importorskip("accelerate")
     root, env = _ids_in_bucket(moto_server, tmp_path, "ids2")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     records = {}
     for side, where in (("s3", "s3://ids2/train"), ("local", root)):
         out = tmp_path / side
         out.mkdir()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = subprocess.run([torchrun, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
-                               JOB, where, str(out), "2"], capture_output=True, text=True, env=env, timeout=400)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        jobs.run(jobs.command(JOB, [where, str(out), "2"], nproc=2), env)
         records[side] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for s3rank, local in zip(records["s3"], records["local"]):
         assert s3rank["world"] == 2
