@@ -10,7 +10,6 @@ epochs after are those of an uninterrupted W'-rank run.
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
 
@@ -22,8 +21,10 @@ from coordl.cli.make_dataset import make_dataset
 from coordl.loader.elastic import merge_states, rest_of_epoch, resume_point
 from coordl.loader.sampling import epoch_order, rank_share
 
+sys.path.insert(0, os.path.dirname(__file__))
+from tests_resume_common import resume_in_fresh_process  # noqa: E402
+
 ITEMS, BATCH, SEED = 37, 3, 5
-JOB = os.path.join(os.path.dirname(__file__), "resume_job.py")
 
 
 @pytest.fixture(scope="module")
@@ -278,19 +279,7 @@ def test_a_coordinated_loader_refuses_a_state_with_consumed_stages():
         resume.check_state(state, identity)
 
 
-def _resume_in_fresh_process(tmp_path, config, states, name):
-    (tmp_path / f"{name}.config.json").write_text(json.dumps(config))
-    (tmp_path / f"{name}.states.json").write_text(json.dumps(states))
-    out = tmp_path / f"{name}.pt"
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
-    proc = subprocess.run([sys.executable, JOB, str(tmp_path / f"{name}.config.json"),
-                           str(tmp_path / f"{name}.states.json"), str(out)],
-                          capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import torch
-    return torch.load(out, weights_only=True)
-
-
+@pytest.mark.slow  # two new interpreters with workers
 def test_elastic_resume_in_fresh_processes_with_workers(ids_root, tmp_path):
     """A 3-rank job's states (ranks at different batches, 2 workers) resume in fresh 2-rank
     processes with 2 workers: the rest once, byte for byte, then a plain 2-rank epoch."""
@@ -316,7 +305,7 @@ def test_elastic_resume_in_fresh_processes_with_workers(ids_root, tmp_path):
     got = []
     for rank in range(2):
         config = {"root": ids_root, "batch_size": BATCH, "workers": 2, "seed": SEED, "rank": rank, "world_size": 2}
-        run = _resume_in_fresh_process(tmp_path, config, [states], f"rank{rank}")[0]
+        run = resume_in_fresh_process(tmp_path, config, [states], f"rank{rank}")[0]
         mine = _samples(run["rest"])
         assert [i for i, _ in mine] == rank_share(np.array(rest), rank, 2).tolist()
         assert all(ref1[i] == h for i, h in mine)

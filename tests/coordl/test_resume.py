@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -13,9 +12,7 @@ import coordl
 from coordl.cache import shm
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tests_resume_common import build  # noqa: E402
-
-JOB = os.path.join(os.path.dirname(__file__), "resume_job.py")
+from tests_resume_common import build, resume_in_fresh_process  # noqa: E402
 
 
 @pytest.fixture
@@ -38,17 +35,6 @@ def _same(a, b) -> bool:
     return len(a) == len(b) and all(torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(a, b))
 
 
-def _resume_in_fresh_process(tmp_path, config, states):
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    (tmp_path / "states.json").write_text(json.dumps(states))   # states go through JSON
-    out = tmp_path / "out.pt"
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
-    proc = subprocess.run([sys.executable, JOB, str(tmp_path / "config.json"), str(tmp_path / "states.json"),
-                           str(out)], capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out, weights_only=True)
-
-
 CONFIGS = [
     {"workers": 0},
     {"workers": 2},
@@ -60,6 +46,7 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.slow  # a new interpreter (import torch) per config
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_interrupted_epoch_resumes_exactly_in_a_fresh_process(own_root, tmp_path, config):
     config = dict(config, root=own_root, batch_size=3, seed=5)
@@ -79,7 +66,7 @@ def test_interrupted_epoch_resumes_exactly_in_a_fresh_process(own_root, tmp_path
         assert state["epoch"] == 1 and state["batches"] == cut
         states.append(json.loads(json.dumps(state)))
         del it, got, loader
-    runs = _resume_in_fresh_process(tmp_path, config, states)
+    runs = resume_in_fresh_process(tmp_path, config, states)
     for cut, run in zip(cuts, runs):
         assert _same(run["rest"], epochs[1][cut:]), f"rest of epoch 1 after {cut} batches"
         assert _same(run["after"], epochs[2]), "the epoch after the resumed one"
@@ -95,7 +82,7 @@ def test_any_map_dataset_resumes_by_position_with_torchs_shuffle(tmp_path, confi
     got = [next(it) for _ in range(3)]
     state = json.loads(json.dumps(loader.state_dict()))
     rest_here = _batches_from(it)
-    run = _resume_in_fresh_process(tmp_path, config, [state])[0]
+    run = resume_in_fresh_process(tmp_path, config, [state])[0]
     assert _same(run["rest"], rest_here) and len(got) + len(rest_here) == len(first)
 
 
