@@ -280,3 +280,41 @@ def test_partitioned_cache_serves_epoch_two(shards, redis_nodes):
     second = _epoch(loader)
     assert second["storage_reads"] == 0 and second["samples"] == 40
     assert second["local_hits"] + second["remote_hits"] == 40
+
+
+def _mgets(node) -> int:
+    return int(node.client().info("commandstats").get("cmdstat_mget", {}).get("calls", 0))
+
+
+def test_partitioned_read_ahead_gives_the_same_batches_with_the_same_mgets(shards, redis_nodes):
+    """As ImageFolder's (tests/cache/test_partitioned_ahead.py): with the cache's read_ahead on, each
+    worker's next batch's MGETs go out while it prepares this one, and are read, not sent again;
+    the batches and the MGETs per node and epoch are those with it off."""
+    nodes = [redis_nodes() for _ in range(3)]
+    urls = [n.url for n in nodes]
+    runs: dict[bool, list] = {}
+    for ahead in (False, True):
+        web = coordl.WebDataset(shards[0], transform="train", size=32, seed=4)
+        cache = coordl.PartitionedCache(urls, 1, read_ahead=ahead)
+        loader = coordl.DataLoader(web, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
+                                   cache=cache)
+        got = []
+        for epoch in range(3):
+            before = [_mgets(n) for n in nodes]
+            got.append(_batches(loader))
+            if epoch:  # every item cached: MGETs only
+                got[-1].append([_mgets(n) - b for n, b in zip(nodes, before)])
+        st = loader.stats()
+        del loader
+        assert st["remote_errors"] == 0 and st["samples"] == 3 * 40
+        # off (first): epochs 2 and 3 from the nodes; on: all three (the off run filled them)
+        assert st["local_hits"] + st["remote_hits"] == (3 if ahead else 2) * 40
+        # on: every batch but each worker's first of an epoch was sent ahead (10 batches, 2 workers)
+        assert st["ahead_hits"] == (3 * (40 - 2 * 4) if ahead else 0), st
+        runs[ahead] = got
+        cache.close()
+    for off, on in zip(runs[False], runs[True]):
+        assert len(off) == len(on)
+        for (xo, yo), (xa, ya) in zip(off[:10], on[:10]):
+            assert xo.equal(xa) and yo.equal(ya)
+    assert runs[False][1][-1] == runs[True][1][-1] and runs[False][2][-1] == runs[True][2][-1]
