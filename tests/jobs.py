@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 
@@ -21,18 +20,14 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 PY_SPY = os.path.join(os.path.dirname(sys.executable), "py-spy")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def command(script: str, args: list[str], nproc: int = 1) -> list[str]:
-    """`script args` in this interpreter, or under torchrun with `nproc` ranks on a free port."""
+    """`script args` in this interpreter, or under torchrun with `nproc` ranks. `--standalone`:
+    torchrun's own store listens on a port the kernel picks and holds it for the ranks, so no
+    other process (another test's job or server) can take that port between a choice and its
+    use, as it could with a port found free beforehand."""
     if nproc == 1:
         return [sys.executable, script, *args]
-    return [TORCHRUN, f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-            script, *args]
+    return [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, *args]
 
 
 def _session(sid: int) -> list[psutil.Process]:
