@@ -53,11 +53,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._control(proxy)
             return
         injected = proxy._on_request(self.command)
+        self._held = True
         if "Range" in self.headers:
             proxy._on_ranged()
         try:
             self._answer(proxy, body, injected)
         finally:
+            self._release(proxy)
+
+    def _release(self, proxy: FaultProxy) -> None:
+        """The request is no longer held: counted out of `in_flight` once, before its answer's
+        first byte goes out. A client may send its next request as soon as it has read an
+        answer, and this thread may not have run again by then: counted out after the answer,
+        the two would overlap here though they never did at the client."""
+        if getattr(self, "_held", False):
+            self._held = False
             proxy._on_done()
 
     def _answer(self, proxy: FaultProxy, body: bytes, injected: int) -> None:
@@ -94,6 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200, "OK", {"Content-Type": "application/json"}, json.dumps(state).encode())
 
     def _reply(self, status: int, reason: str, headers: dict, data: bytes, keep_length: bool = False) -> None:
+        self._release(self.server.proxy)  # type: ignore[attr-defined]
         self.send_response_only(status, reason)
         for k, v in headers.items():
             if k.lower() != "content-length" or keep_length:
