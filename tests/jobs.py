@@ -65,9 +65,11 @@ def _kill(procs: list[psutil.Process]) -> None:
 
 
 def run(cmd: list[str], env: dict | None = None, timeout: float = 150) -> str:
-    """Run `cmd` (environment `env`, default this one's) to its end; its stdout. Fails the test
-    (with its output) when it exits non-zero, outlives `timeout` or leaves processes behind."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    """Run `cmd` to its end; its stdout. Its environment is this one's with one thread per op
+    (2 cores here), warnings off and `env` over them. Fails the test (with its output) when it
+    exits non-zero, outlives `timeout` or leaves processes behind."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
                             start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)

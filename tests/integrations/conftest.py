@@ -24,8 +24,7 @@ def run_job(args: list[str], nproc: int = 1, timeout: float = 150, env: dict | N
     """A job script of tests/integrations/jobs, as one process or under torchrun; its stdout.
     Bounded as coordl_tests_jobs.run says: a hung job fails with its processes' stacks, and
     nothing it started outlives the test."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
-    return jobs.run(jobs.command(os.path.join(JOBS, args[0]), args[1:], nproc), full_env, timeout)
+    return jobs.run(jobs.command(os.path.join(JOBS, args[0]), args[1:], nproc), env, timeout)
 
 
 @pytest.fixture

@@ -28,9 +28,8 @@ def _ids_in_bucket(moto_server, tmp_path, bucket: str) -> tuple[str, dict]:
     root = str(tmp_path / "ids")
     make_dataset(root, images=30, classes=30, size=(64, 48), quality=85, seed=4, workers=1, progress=False)
     s3server.upload_folder(moto_server, bucket, root, "train")
-    return root, dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", AWS_ENDPOINT_URL=moto_server.url,
-                      AWS_ACCESS_KEY_ID=s3server.TEST_KEY, AWS_SECRET_ACCESS_KEY=s3server.TEST_SECRET,
-                      AWS_DEFAULT_REGION=s3server.REGION)
+    return root, dict(AWS_ENDPOINT_URL=moto_server.url, AWS_ACCESS_KEY_ID=s3server.TEST_KEY,
+                      AWS_SECRET_ACCESS_KEY=s3server.TEST_SECRET, AWS_DEFAULT_REGION=s3server.REGION)
 
 
 def test_accelerate_one_process_over_s3_keeps_the_cache_and_counters(moto_server, tmp_path):

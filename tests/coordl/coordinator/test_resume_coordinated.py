@@ -13,13 +13,12 @@ import os
 import signal
 import subprocess
 
+import coordl_tests_forked as forked
 import pytest
 import torch
 
 import coordl
 from coordl.errors import ConfigError, CoordinatorError
-
-from .conftest import forked
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resume_job.py")
 BPE = 10

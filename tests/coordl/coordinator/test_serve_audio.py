@@ -15,14 +15,13 @@ import signal
 import subprocess
 import sys
 
+import coordl_tests_forked as forked
 import numpy as np
 import pytest
 import torch
 
 import coordl
 from coordl.coordinator import client, segments
-
-from .conftest import forked
 
 sf = pytest.importorskip("soundfile")
 
