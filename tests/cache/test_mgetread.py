@@ -53,9 +53,30 @@ def test_an_error_reply_is_redis_pys_error_and_keeps_the_connection(redis_nodes)
     client.close()
 
 
+def _command(buf: bytes) -> tuple[bytes, bytes] | None:
+    """The first whole RESP command in `buf` (`*N` then N bulk strings): (its name, upper-cased;
+    the rest of `buf`), or None while it is incomplete."""
+    if not buf.startswith(b"*") or b"\r\n" not in buf:
+        return None
+    head, _, rest = buf.partition(b"\r\n")
+    args = []
+    for _ in range(int(head[1:])):
+        if b"\r\n" not in rest:
+            return None
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line[1:])
+        if len(rest) < size + 2:
+            return None
+        args.append(rest[:size])
+        rest = rest[size + 2:]
+    return args[0].upper(), rest
+
+
 class _Scripted:
     """A listening socket that answers every command with +OK until MGET, then sends `reply`
-    and, with `close`, closes (else it holds the connection open until stopped)."""
+    and, with `close`, closes (else it holds the connection open until stopped). Commands are
+    read as RESP arrays, however they arrive: redis-py 8 sends its two CLIENT SETINFO in one packet,
+    and each gets its own +OK."""
 
     def __init__(self, reply: bytes, close: bool) -> None:
         self.reply, self.close = reply, close
@@ -72,18 +93,22 @@ class _Scripted:
 
     def _serve(self) -> None:
         peer, _ = self.sock.accept()
+        buf = b""
         with peer:
             while True:
                 data = peer.recv(65536)
                 if not data:
                     return
-                if b"MGET" not in data:
-                    peer.sendall(b"+OK\r\n")
-                    continue
-                peer.sendall(self.reply)
-                if not self.close:
-                    self.done.wait(30)
-                return
+                buf += data
+                while (parsed := _command(buf)) is not None:
+                    name, buf = parsed
+                    if name != b"MGET":
+                        peer.sendall(b"+OK\r\n")
+                        continue
+                    peer.sendall(self.reply)
+                    if not self.close:
+                        self.done.wait(30)
+                    return
 
     def stop(self) -> None:
         self.done.set()
