@@ -78,6 +78,8 @@ def start_cmd(cache: str, port: int, bind: str, password_file: str | None, user:
     cfg = redisnode.NodeConfig(port=port, memory=parse_size(cache, "--cache"), bind=bind,
                                password=_password(password_file), tls_cert=tls_cert, tls_key=tls_key,
                                tls_ca=tls_ca, user=user)
+    if cfg.tls_cert:  # redis-server starts with any dates, and then no client accepts the node
+        nodetls.check_certificate(cfg.tls_cert, "--tls-cert", "the server certificate")
     directory = os.path.abspath(directory)
     running = redisnode.read_pid(cfg, directory)
     if running is not None:
