@@ -115,3 +115,21 @@ def agree(client: Any, shown: str, names: Sequence[str], update: bool = False) -
         "cluster changed on purpose (a node added, removed or replaced), pass membership='update' on one "
         "rank between epochs, or run `coordl cache-node members --update URL...` with the new list "
         "(README, 'Adding, removing or replacing a cache node')")
+
+
+def one_server_each(shown: Sequence[str], run_ids: Sequence[str | None]) -> None:
+    """Refuse one redis-server listed twice under names `redisnode.node_name` cannot tell apart (a host
+    name and its address, two addresses of one machine, two dbs of one server): `run_ids` are the
+    servers' INFO ``run_id``s (random at each server start), in the order of `shown` (the redacted
+    URLs); None for a node whose INFO was not read. ConfigError naming both entries."""
+    seen: dict[str, str] = {}
+    for url, run_id in zip(shown, run_ids):
+        if not run_id:
+            continue
+        if run_id in seen:
+            raise ConfigError(
+                f"nodes= lists one server twice: {seen[run_id]!r} and {url!r} are the same redis-server "
+                f"(INFO run_id {run_id[:12]}...), under two spellings (a host name and its address, two "
+                "addresses of one machine, or two dbs of it, which share its memory): list each server's "
+                "node once, under one name, the same on every rank")
+        seen[run_id] = url

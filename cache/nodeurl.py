@@ -18,6 +18,8 @@ import socket
 import ssl
 import urllib.parse
 
+from coordl.cache import certdates
+
 _URL_AUTH = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")
 _NOT_IN_USERINFO = set("@/?#")
 
@@ -105,6 +107,36 @@ def _refuses_without_client_cert(host: str, port: int) -> bool:
     return reply == b""
 
 
+def _peer_certificate(host: str, port: int) -> bytes | None:
+    """The certificate the TLS server at host:port shows (DER, not verified: read only to name its
+    dates), or None when no handshake completes."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=2.0) as raw, \
+                ctx.wrap_socket(raw, server_hostname=host) as s:
+            return s.getpeercert(binary_form=True)
+    except (OSError, ssl.SSLError):
+        return None
+
+
+def _dates_problem(host: str, port: int, text: str) -> str:
+    """An expired or not yet valid certificate in the server's chain, named with its dates."""
+    der = _peer_certificate(host, port)
+    try:
+        problem = certdates.date_problem(der) if der else None
+    except ValueError:
+        problem = None
+    if problem:
+        return (f"TLS: the server's certificate at {host}:{port} {problem}: reissue the node's certificate "
+                "with dates that include now, and restart the node with it (`coordl cache-node start "
+                "--tls-cert NEW.pem --tls-key NEW.key`); check the clocks of both machines")
+    when = "has expired" if "expired" in text else "is not yet valid"
+    return (f"TLS: a certificate that verifies the server at {host}:{port} {when} (not the server's own: "
+            "the CA in ssl_ca_certs= (--tls-ca), or one of the chain it sends): reissue it with dates "
+            "that include now; check the clocks of both machines")
+
+
 def _auth_failed(exc: Exception) -> bool:
     text = str(exc)
     return type(exc).__name__ == "AuthenticationError" or any(
@@ -113,8 +145,9 @@ def _auth_failed(exc: Exception) -> bool:
 
 def tls_problem(url: str, exc: Exception) -> str | None:
     """The TLS side of a failure to talk to `url`, named with the fix, or None when TLS is not the
-    cause: a rediss:// URL at a plain server or the reverse (probed), a server certificate the CA
-    does not verify, a server that requires a client certificate. No secret of `url` in it."""
+    cause: a rediss:// URL at a plain server or the reverse (probed), a server certificate that is
+    expired or not yet valid (its dates, read from the server), one the CA does not verify, a server
+    that requires a client certificate. No secret of `url` in it."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("redis", "rediss"):
         return None
@@ -127,6 +160,8 @@ def tls_problem(url: str, exc: Exception) -> str | None:
     if parts.scheme == "redis" and _speaks_tls(host, port):
         return (f"TLS mismatch: the server at {host}:{port} expects TLS and the URL is plain redis://: "
                 "use rediss:// (with ssl_ca_certs= the CA that signed its certificate)")
+    if "certificate has expired" in text or "certificate is not yet valid" in text:
+        return _dates_problem(host, port, text)
     if "certificate verify failed" in text or "unknown ca" in text:
         if "hostname" in text or "ip address mismatch" in text:
             return (f"TLS: the server's certificate does not name {host}: connect by a name or address the "

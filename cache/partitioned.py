@@ -184,8 +184,10 @@ class PartitionedCache:
     Construction connects to every node and raises `coordl.ConfigError` naming the
     URL and the fix for a wrong password, an unknown host, a closed port, a server
     that is not Redis, a replica, or a Redis whose eviction policy would thrash
-    (LRU/LFU/random); and for one node listed twice under two spellings
-    (``redis://localhost:6390`` and ``redis://127.0.0.1:6390/0``). Once running, any
+    (LRU/LFU/random); and for one node listed twice under two spellings: names that
+    `redisnode.node_name` makes one (``redis://localhost:6390``, ``redis://127.1:6390/0``,
+    ``redis://[::ffff:127.0.0.1]:6390``), or any other (a host name and its address), caught by
+    the servers' INFO ``run_id``. Once running, any
     Redis error on a node makes it skipped for `retry_after` seconds (its items come
     from storage), counted in ``loader.stats()`` (``nodes_down``, ``node_faults``,
     worker processes included) and logged once with the fix; never an exception in
@@ -230,8 +232,8 @@ class PartitionedCache:
         self._ahead: _Ahead | None = None  # MGETs sent for the batch get_many is asked for next
         self._connect()
         if _check:
-            for j in range(len(self.nodes)):
-                self._check_node(j)
+            run_ids = [self._check_node(j) for j in range(len(self.nodes))]
+            membership_mod.one_server_each([redisnode.redact(u) for u in self.nodes], run_ids)
             self._check_membership()
             self._previous = self._read_previous()
         self._members = membership_mod.record([redisnode.node_name(u) for u in self.nodes])
@@ -260,7 +262,8 @@ class PartitionedCache:
             self._connect()
         return self._clients[j]
 
-    def _check_node(self, j: int) -> None:
+    def _check_node(self, j: int) -> str | None:
+        """Refuse node j when it is unreachable or unfit (`redisnode.check_server`); its INFO run_id."""
         redis = redisnode.redis_module()
         url, shown = self.nodes[j], redisnode.redact(self.nodes[j])
         try:
@@ -290,6 +293,7 @@ class PartitionedCache:
                               "host and port (a cache node is started with `coordl cache-node start`)") from None
         redisnode.check_server(url, info, self.capacity_per_node)
         self._maxmemory[j] = int(info.get("maxmemory", 0))
+        return str(info["run_id"]) if info.get("run_id") else None
 
     def _check_membership(self) -> None:
         """Every node must belong to this node list (cache/membership.py): written when it has no

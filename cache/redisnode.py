@@ -40,6 +40,8 @@ import dataclasses
 import hashlib
 import ipaddress
 import os
+import re
+import socket
 import subprocess
 import time
 import urllib.parse
@@ -278,10 +280,9 @@ def redact(url: str) -> str:
 
 def node_name(url: str) -> str:
     """A node's identity, for placement and for refusing one node listed twice: ``host:port/db``
-    for TCP (host in lower case without a trailing dot, ``localhost`` as 127.0.0.1, an IP address
-    in its canonical form; port 6379 and db 0 when the URL gives none) and ``unix:PATH/db`` for a
-    socket (the path normalised); never the scheme, user or password. Raises ValueError (the reason)
-    for a port or db that is not a number."""
+    for TCP (the host as `canonical_host` spells it; port 6379 and db 0 when the URL gives none)
+    and ``unix:PATH/db`` for a socket (the path normalised); never the scheme, user or password.
+    Raises ValueError (the reason) for a port or db that is not a number."""
     parts = urllib.parse.urlsplit(url)
     port = parts.port  # ValueError: "Port could not be cast to integer value as 'x'"
     dbs = [parts.path.strip("/")] if parts.scheme != "unix" else []
@@ -291,13 +292,32 @@ def node_name(url: str) -> str:
         raise ValueError(f"db {db!r} is not a number (the URL's path /N or ?db=N)")
     if parts.scheme == "unix":
         return f"unix:{os.path.normpath(parts.path)}/{int(db)}"
-    host = (parts.hostname or "").rstrip(".")
-    host = "127.0.0.1" if host == "localhost" else host
-    try:
-        host = ipaddress.ip_address(host).compressed
-    except ValueError:
-        pass
+    host = canonical_host(parts.hostname or "")
     return f"{f'[{host}]' if ':' in host else host}:{port or 6379}/{int(db)}"
+
+
+_NUMERIC_V4 = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}")
+
+
+def canonical_host(host: str) -> str:
+    """The one spelling of a host: lower case without a trailing dot, ``localhost`` as 127.0.0.1,
+    an IPv4 address in dotted quad whatever form the resolver takes (``127.1``, ``0x7f.0.0.1``,
+    ``2130706433``: what `socket.inet_aton` reads, as getaddrinfo does), an IPv4-mapped IPv6 address
+    (``::ffff:127.0.0.1``) as its IPv4 address, any other IPv6 address compressed."""
+    host = host.lower().rstrip(".")
+    if host == "localhost":
+        return "127.0.0.1"
+    if _NUMERIC_V4.fullmatch(host):
+        try:
+            return socket.inet_ntoa(socket.inet_aton(host))
+        except OSError:  # a part out of range (127.256): not an address; left as written
+            return host
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return str(mapped) if mapped is not None else addr.compressed
 
 
 def read_info(client) -> dict[str, Any]:

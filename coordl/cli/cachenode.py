@@ -78,6 +78,8 @@ def start_cmd(cache: str, port: int, bind: str, password_file: str | None, user:
     cfg = redisnode.NodeConfig(port=port, memory=parse_size(cache, "--cache"), bind=bind,
                                password=_password(password_file), tls_cert=tls_cert, tls_key=tls_key,
                                tls_ca=tls_ca, user=user)
+    if cfg.tls_cert:  # redis-server starts with any dates, and then no client accepts the node
+        nodetls.check_certificate(cfg.tls_cert, "--tls-cert", "the server certificate")
     directory = os.path.abspath(directory)
     running = redisnode.read_pid(cfg, directory)
     if running is not None:
@@ -189,6 +191,20 @@ def _client(url: str, tls: dict, timeout: float = 2.0):
                                 **(tls if url.startswith("rediss:") else {}))
 
 
+def _run_id(url: str, tls: dict) -> str | None:
+    """The INFO run_id of the server at `url` (which tells one server under two spellings), None
+    when it cannot be read (the node's error is then shown by the command itself)."""
+    redis = redisnode.redis_module()
+    try:
+        client = _client(url, tls)
+        try:
+            return str(client.info("server").get("run_id") or "") or None
+        finally:
+            client.close()
+    except redis.RedisError:
+        return None
+
+
 @cache_node_group.command("status")
 @click.argument("urls", nargs=-1)
 @_client_tls
@@ -254,6 +270,7 @@ def members_cmd(urls: tuple[str, ...], update: bool, tls_ca: str | None, tls_cer
     nodes = partitioned._check_nodes(list(urls))   # a node twice, a bad URL: ConfigError
     tls = nodetls.options(nodes, tls_ca, tls_cert, tls_key)
     names = [redisnode.node_name(u) for u in nodes]
+    membership.one_server_each([redisnode.redact(u) for u in nodes], [_run_id(u, tls) for u in nodes])
     failed = 0
     for url in nodes:
         shown = redisnode.redact(url)

@@ -162,6 +162,14 @@ def test_a_full_node_is_not_a_fault(redis_nodes, caplog):
     ("redis://[::1]:7001/0", "redis://[0:0:0:0:0:0:0:1]:7001/0"),
     ("redis://h", "redis://h:6379/0"),
     ("unix:///tmp/x/../r.sock", "unix://:pw@/tmp/r.sock?db=0"),
+    ("redis://127.0.0.1:7001/0", "redis://[::ffff:127.0.0.1]:7001/0"),      # IPv4-mapped IPv6
+    ("redis://10.1.2.3:7001", "redis://[::FFFF:a01:203]:7001/0"),
+    ("redis://127.0.0.1:7001/0", "redis://127.1:7001"),                      # inet_aton's short forms
+    ("redis://10.0.0.5:7001/0", "redis://10.5:7001"),
+    ("redis://127.0.0.1:7001/0", "redis://0x7f.0.0.1:7001/0"),
+    ("redis://127.0.0.1:7001/0", "redis://0177.0.0.01:7001/0"),
+    ("redis://127.0.0.1:7001/0", "redis://2130706433:7001/0"),
+    ("redis://127.0.0.1:6379/0", "redis://[::ffff:7f00:1]"),
 ])
 def test_one_node_one_name(a, b):
     assert redisnode.node_name(a) == redisnode.node_name(b)
@@ -175,9 +183,58 @@ def test_one_node_one_name(a, b):
     ("redis://h:7001/0", "redis://h:7001/1"),
     ("redis://h:7001/0", "redis://h:7002/0"),
     ("redis://127.0.0.1:7001/0", "redis://127.0.0.2:7001/0"),
+    ("redis://127.0.0.1:7001/0", "redis://[::ffff:127.0.0.2]:7001/0"),
+    ("redis://127.1:7001/0", "redis://127.2:7001/0"),
+    ("redis://127.0.0.256:7001/0", "redis://127.0.1.0:7001/0"),              # not an address: left as is
+    ("redis://[::1]:7001/0", "redis://127.0.0.1:7001/0"),
 ])
 def test_different_nodes_keep_different_names(a, b):
     assert redisnode.node_name(a) != redisnode.node_name(b)
+
+
+@pytest.mark.parametrize("spelling", ["[::ffff:127.0.0.1]", "127.1", "0x7f.0.0.1"])
+def test_a_real_node_under_two_address_spellings_is_one_node(redis_nodes, spelling):
+    node = redis_nodes()
+    other = f"redis://{spelling}:{node.port}/0"
+    with pytest.raises(ConfigError, match="same node twice") as e:
+        PartitionedCache([node.url, other], 0)
+    assert node.url in str(e.value) and other in str(e.value)
+    assert node.client().get("coordl:members") is None           # no list with both written on the node
+    cache = PartitionedCache([other], 0).open(FP, N)             # the spelling alone reaches the node,
+    assert cache.put(1, b"abc") and bytes(cache.get(1)) == b"abc"
+    cache.close()                                                 # under its one name
+    assert node.client().get("coordl:members") == f"127.0.0.1:{node.port}/0".encode()
+
+
+@pytest.fixture
+def two_address_node(tmp_path):
+    """A redis-server bound to 127.0.0.1 and 127.0.0.2: one server that two addresses reach, which
+    no rule of names can tell is one."""
+    port = _dead_port()
+    cfg = redisnode.NodeConfig(port=port, memory=64 * 2**20, bind="127.0.0.1 127.0.0.2")
+    proc = redisnode.launch(cfg, str(tmp_path / "two-address"))
+    try:
+        redisnode.wait_ready(cfg.url, proc)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.mark.parametrize("b", ["redis://127.0.0.2:{port}/0", "redis://127.0.0.1:{port}/1",
+                               "redis://[::ffff:127.0.0.2]:{port}/3"])
+def test_one_server_under_names_that_differ_is_refused_by_its_run_id(two_address_node, b):
+    a, b = f"redis://127.0.0.1:{two_address_node}/0", b.format(port=two_address_node)
+    assert redisnode.node_name(a) != redisnode.node_name(b)
+    with pytest.raises(ConfigError, match="lists one server twice.*same redis-server.*run_id.*list each") as e:
+        PartitionedCache([a, b], 0)
+    assert a in str(e.value) and b in str(e.value)
+    client = redisnode.redis_module().Redis.from_url(a)
+    assert client.get("coordl:members") is None                  # refused before any list is written
+    client.close()
+    PartitionedCache([b], 0).close()                              # each alone is a node
 
 
 def test_spellings_of_one_list_place_items_alike(redis_nodes):

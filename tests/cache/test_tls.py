@@ -44,10 +44,40 @@ def _signed(d, ca: str, name: str, san: str) -> tuple[str, str]:
     return crt, key
 
 
+_CA_CONF = """[ca]
+default_ca = d
+[d]
+database = index.txt
+new_certs_dir = .
+serial = serial.txt
+default_md = sha256
+policy = p
+unique_subject = no
+[p]
+commonName = supplied
+"""
+
+
+def _dated(d, name: str, start: str, end: str, san: str = "DNS:localhost,IP:127.0.0.1") -> tuple[str, str]:
+    """A certificate signed by CA "ca" with the given notBefore/notAfter (YYYYMMDDHHMMSSZ): `openssl
+    ca` sets any dates (`x509 -req` only counts days from now)."""
+    key, csr, crt, ext = (str(d / f"{name}.{x}") for x in ("key", "csr", "pem", "ext"))
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}", cwd=d)
+    (d / "ca.cnf").write_text(_CA_CONF)
+    if not (d / "index.txt").exists():
+        (d / "index.txt").write_text("")
+        (d / "serial.txt").write_text("1000\n")
+    (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+    _openssl("ca", "-batch", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-in", csr, "-out", crt,
+             "-notext", "-startdate", start, "-enddate", end, "-extfile", ext, cwd=d)
+    return crt, key
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     """A CA, a server certificate for localhost/127.0.0.1 and a client certificate signed by it, and
-    a second CA that signed neither."""
+    a second CA that signed neither; server and client certificates signed by the CA that expired
+    on 2021-01-01 or are valid only from 2031-01-01."""
     if subprocess.run(["openssl", "version"], capture_output=True).returncode != 0:
         pytest.skip("no openssl to make certificates")
     d = tmp_path_factory.mktemp("pki")
@@ -56,7 +86,10 @@ def pki(tmp_path_factory):
                  "-days", "1", "-subj", f"/CN=coordl test {ca}", cwd=d)
     server = _signed(d, "ca", "server", "DNS:localhost,IP:127.0.0.1")
     client = _signed(d, "ca", "client", "")
-    return {"ca": str(d / "ca.pem"), "other_ca": str(d / "other-ca.pem"), "server": server, "client": client}
+    return {"ca": str(d / "ca.pem"), "other_ca": str(d / "other-ca.pem"), "server": server, "client": client,
+            "expired": _dated(d, "expired", "20200101000000Z", "20210101000000Z"),
+            "future": _dated(d, "future", "20310101000000Z", "20320101000000Z"),
+            "expired_client": _dated(d, "expired-client", "20200101000000Z", "20210101000000Z", "DNS:client")}
 
 
 def _daemons_in(directory: str) -> list[int]:
@@ -196,3 +229,93 @@ def test_tls_options_are_checked(tmp_path, pki):
     assert r.exit_code != 0 and "--tls-cert and --tls-key go together" in r.output
     r = _run("start", "--cache", "8MiB", "--user", "bob", "--port", str(_free_port()))
     assert r.exit_code != 0 and "--user bob needs --password-file" in r.output
+
+
+# -- issue 35 point 5: certificate dates --
+
+EXPIRED = "expired on 2021-01-01 00:00:00 UTC (notBefore 2020-01-01 00:00:00 UTC, notAfter 2021-01-01 00:00:00 UTC"
+FUTURE = ("is not yet valid: valid from 2031-01-01 00:00:00 UTC (notBefore 2031-01-01 00:00:00 UTC, "
+          "notAfter 2032-01-01 00:00:00 UTC")
+
+
+@pytest.mark.parametrize("which, dates", [("expired", EXPIRED), ("future", FUTURE)])
+def test_start_refuses_a_certificate_out_of_its_dates(node_dir, pki, which, dates):
+    cert, key = pki[which]
+    r = _run("start", "--cache", "8MiB", "--port", str(_free_port()), "--dir", node_dir,
+             "--tls-cert", cert, "--tls-key", key)
+    assert r.exit_code != 0, r.output
+    assert f"--tls-cert {cert}: the server certificate" in r.output and dates in r.output, r.output
+    assert "reissue it" in r.output
+    assert not _daemons_in(node_dir)
+
+
+@pytest.fixture
+def dated_node(tmp_path, pki):
+    """start(which) -> the port of a TLS redis-server (a child) showing certificate pki[which]: the
+    server `cache-node start` now refuses to start, as another tool would start it."""
+    from coordl.cache import redisnode
+
+    procs = []
+
+    def start(which: str) -> int:
+        cert, key = pki[which]
+        cfg = redisnode.NodeConfig(port=_free_port(), memory=16 * 2**20, tls_cert=cert, tls_key=key)
+        procs.append(redisnode.launch(cfg, str(tmp_path / f"{which}-node")))
+        redisnode.wait_ready(cfg.url, procs[-1], tls={"ssl_cert_reqs": "none"})
+        return cfg.port
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.mark.parametrize("which, dates", [("expired", EXPIRED), ("future", FUTURE)])
+def test_a_client_names_a_server_certificate_out_of_its_dates(dated_node, pki, which, dates):
+    port = dated_node(which)
+    url = f"rediss://localhost:{port}/0"
+    with pytest.raises(ConfigError) as e:
+        PartitionedCache([url], 0, ssl_ca_certs=pki["ca"], timeout=2.0)
+    msg = str(e.value)
+    assert f"the server's certificate at localhost:{port} {dates}" in msg and "reissue" in msg, msg
+    assert "not signed by a CA" not in msg
+    s = _run("status", url, "--tls-ca", pki["ca"])                  # the same, from the command line
+    assert s.exit_code != 0 and dates in s.output, s.output
+
+
+def test_an_expired_client_certificate_is_refused_before_connecting(pki):
+    cert, key = pki["expired_client"]
+    with pytest.raises(ConfigError, match=rf"ssl_certfile= {cert}: the client certificate {EXPIRED[:30]}"):
+        partitioned.nodetls.options(["rediss://127.0.0.1:1/0"], pki["ca"], cert, key)
+    assert partitioned.nodetls.options(["rediss://127.0.0.1:1/0"], pki["ca"], *pki["client"])
+    with pytest.raises(ConfigError, match="holds no certificate"):
+        partitioned.nodetls.options(["rediss://127.0.0.1:1/0"], pki["ca"], pki["client"][1], pki["client"][1])
+
+
+def test_certificate_dates_are_read_in_both_time_forms(tmp_path, pki):
+    """UTCTime (years to 2049) and GeneralizedTime (from 2050), as openssl writes them."""
+    import datetime as dt
+    import shutil
+
+    from coordl.cache import certdates
+
+    d = tmp_path / "far"
+    shutil.copytree(os.path.dirname(pki["ca"]), d)
+    cert, _ = _dated(d, "far", "20400101000000Z", "20510203040506Z")
+    with open(cert) as f:
+        (der,) = certdates.pem_certificates(f.read())
+    utc = dt.timezone.utc
+    assert certdates.validity(der) == (dt.datetime(2040, 1, 1, tzinfo=utc),
+                                       dt.datetime(2051, 2, 3, 4, 5, 6, tzinfo=utc))
+    assert certdates.date_problem(der, now=dt.datetime(2045, 1, 1, tzinfo=utc)) is None
+    assert certdates.date_problem(der, now=dt.datetime(2052, 1, 1, tzinfo=utc)).startswith(
+        "expired on 2051-02-03 04:05:06 UTC")
+    for bad in (der[:40], b"\x30\x03\x02\x01\x01", b""):
+        with pytest.raises(ValueError):
+            certdates.validity(bad)
+    broken = tmp_path / "broken.pem"
+    broken.write_text("-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n")
+    with pytest.raises(ConfigError, match=rf"ssl_certfile= {broken}: cannot read the client certificate"):
+        partitioned.nodetls.options(["rediss://127.0.0.1:1/0"], None, str(broken), None)

@@ -281,3 +281,22 @@ def test_cache_is_the_size_flag_and_memory_an_alias(node_dir):
         assert _run("stop", "--port", str(port), "--dir", node_dir).exit_code == 0
     r = _run("start", "--cache", "lots", "--dir", node_dir)
     assert r.exit_code == 2 and "--cache='lots' is not a size" in r.output
+
+
+def test_members_refuses_one_server_under_two_names(node_dir):
+    """A node listening on two loopback addresses: `members --update` with both is one server twice
+    (told by its INFO run_id), refused before any node list is written; 127.1 is 127.0.0.1 by name."""
+    port = _free_port()
+    r = _run("start", "--cache", "8MiB", "--port", str(port), "--bind", "127.0.0.1 127.0.0.2", "--dir", node_dir)
+    assert r.exit_code == 0, r.output
+    a, b = f"redis://127.0.0.1:{port}/0", f"redis://127.0.0.2:{port}/0"
+    m = _run("members", "--update", a, b)
+    assert m.exit_code != 0 and "lists one server twice" in m.output and a in m.output and b in m.output, m.output
+    m = _run("members", "--update", a, f"redis://127.1:{port}")
+    assert m.exit_code != 0 and "same node twice" in m.output, m.output
+    client = redis.Redis(port=port)
+    assert client.get("coordl:members") is None
+    client.close()
+    m = _run("members", "--update", b)
+    assert m.exit_code == 0 and "1 node(s) now belong" in m.output, m.output
+    assert _run("stop", "--port", str(port), "--dir", node_dir).exit_code == 0
