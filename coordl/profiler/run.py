@@ -167,7 +167,7 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
             another worker count) and report predicted against measured.
         repeats: rounds of every timed run (interleaved: round 1 of all, then round 2, ...);
             the median of each is kept. More rounds for a busy, noisy machine.
-        progress: tqdm bars on stderr.
+        progress: tqdm bars on stderr (only where stderr is a terminal).
     """
     dev = _check(dataset, batch_size, num_workers, steps, device)
     if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
