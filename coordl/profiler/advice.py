@@ -162,8 +162,11 @@ def _coordinator_advice(inp, workers, x) -> list[dict]:
 
 
 def notes(inp: model.Inputs, rates: dict, cached: list[float], cold: list[float], alone: list[float],
-          workers: int, cache_fraction: float, rounds: dict | None = None) -> list[str]:
-    """Why measured numbers that look contradictory are what they are (empty when none do)."""
+          workers: int, cache_fraction: float, rounds: dict | None = None,
+          measured_counts: list[int] | None = None) -> list[str]:
+    """Why measured numbers that look contradictory are what they are (empty when none do).
+    `cached`, `cold`, `alone`: rates at 1..W workers, of which `measured_counts` (all when None)
+    were timed and the others fitted."""
     out = []
     prep, fetch = rates["prep"], rates["fetch"]
     spread = _spread(rounds or {})
@@ -174,7 +177,8 @@ def notes(inp: model.Inputs, rates: dict, cached: list[float], cold: list[float]
             f"(cold reads {inp.storage_bandwidth(workers) / MiB:.0f} MiB/s, {inp.read_latency * 1e3:.2f} ms each, "
             f"against {inp.at(inp.prep_cpu, workers) * 1e3:.2f} ms of CPU to prepare an item), so the two differ "
             f"by run-to-run noise{spread}; the fetch stall is counted as 0. More --steps or --repeats 3 narrow it.")
-    free = [k for k, (c, a) in enumerate(zip(cold, alone), 1) if c >= a]
+    timed = set(measured_counts or range(1, len(alone) + 1))
+    free = [k for k, (c, a) in enumerate(zip(cold, alone), 1) if c >= a and k in timed]
     if free:
         at = ", ".join(f"{k}w: cold {cold[k - 1]:.0f}/s, cached {alone[k - 1]:.0f}/s" for k in free)
         out.append(
