@@ -98,13 +98,33 @@ def check_output(flag: str, path: str | None) -> None:
                           "write to")
 
 
+class _Terminated(SystemExit):
+    """SIGTERM or SIGHUP came: the profile unwinds (its `finally` drops the caches) and exits 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signame = signal.Signals(signum).name
+
+
+def _children_end_with_us(_signum, _frame) -> None:
+    """SIGCHLD while the profile exits on a signal: a worker that got it too has ended; nothing to do."""
+
+
 def _raise_exit(signum, _frame) -> None:
-    raise SystemExit(128 + signum)
+    # Sent to the whole process group (as `timeout` and a closing terminal send it), the signal
+    # also ends the loader's workers; torch's SIGCHLD handler would then raise "worker killed by
+    # signal" in the middle of this exit's cleanup (two chained tracebacks). Their deaths are part
+    # of this exit: a SIGCHLD handler that does nothing (not SIG_DFL: Python reports a pending
+    # SIGCHLD whose handler became the default as "ignored due to race condition").
+    if hasattr(signal, "SIGCHLD"):
+        signal.signal(signal.SIGCHLD, _children_end_with_us)
+    raise _Terminated(signum)
 
 
 def _exit_cleanly_on_signals() -> None:
     """SIGTERM and SIGHUP (a closed terminal) raise SystemExit, so the profile's `finally` drops
-    its temporary caches as on Ctrl-C. A signal that is ignored (nohup) stays ignored."""
+    its temporary caches as on Ctrl-C, whether the signal came to this process alone or to its
+    whole process group (its loader workers too). A signal that is ignored (nohup) stays ignored."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) == signal.SIG_DFL:
             signal.signal(sig, _raise_exit)
@@ -191,6 +211,9 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
     except KeyboardInterrupt:
         click.echo("coordl profile: interrupted; its temporary caches are removed", err=True)
         sys.exit(130)
+    except _Terminated as e:
+        click.echo(f"coordl profile: terminated ({e.signame}); its temporary caches are removed", err=True)
+        sys.exit(e.code)
     click.echo(result.table())
     if json_out:
         def write_json() -> None:

@@ -33,6 +33,21 @@ def stall_in_cached_run(batch):
         while True:
             time.sleep(0.05)
     return batch[0].float().mean()
+
+def busy_in_cached_run(batch):
+    """As stall_in_cached_run, but in a run with loader workers, and it waits in C code that does
+    not look at signals (a model's step): a signal to the process group then finds the workers
+    dead when the parent's handlers run."""
+    import multiprocessing
+    name = os.path.join(os.environ["COORDL_SHM_DIR"], "coordl-cache-profile-%d-all" % os.getpid())
+    if os.path.exists(name) and multiprocessing.active_children():
+        torch.set_num_threads(1)
+        a = torch.ones(1200, 1200)
+        with open(os.environ["MARK"], "w") as f:
+            f.write(name)
+        while True:
+            torch.mm(a, a)
+    return batch[0].float().mean()
 '''
 
 
@@ -124,33 +139,64 @@ def test_cli_cuda_without_gpu(tiny_root, tmp_path):
     assert p.returncode == 2 and "no CUDA GPU is visible" in p.stderr and "--device cpu" in p.stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_interrupt_removes_the_temporary_caches(tiny_root, steps_dir, sig):
+# through a launcher that sets SIGINT and SIGTERM to their defaults first: a test run started in
+# the background of a script inherits SIGINT ignored, and Python then never raises
+# KeyboardInterrupt (Ctrl-C in a terminal always has the default)
+LAUNCH = ("import os, signal, sys; [signal.signal(s, signal.SIG_DFL) for s in (1, 2, 15)]; "
+          "os.execv(sys.argv[1], sys.argv[1:])")
+
+
+def _stalled_profile(steps_dir, tiny_root, group: bool, step: str = "stall_in_cached_run"):
+    """`coordl profile` with 2 loader workers, stalled in its all-cached run: (process, segment)."""
     mark = steps_dir / "mark"
     env = {**os.environ, "MARK": str(mark)}
-    # through a launcher that sets SIGINT and SIGTERM to their defaults first: a test run started in
-    # the background of a script inherits SIGINT ignored, and Python then never raises
-    # KeyboardInterrupt (Ctrl-C in a terminal always has the default)
-    launch = ("import os, signal, sys; [signal.signal(s, signal.SIG_DFL) for s in (1, 2, 15)]; "
-              "os.execv(sys.argv[1], sys.argv[1:])")
-    proc = subprocess.Popen([sys.executable, "-c", launch, COORDL, "profile", "--data", tiny_root, "--train-step",
-                             "mysteps:stall_in_cached_run", "--batch-size", "4", "--workers", "2", "--steps", "2"],
-                            cwd=steps_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, COORDL, "profile", "--data", tiny_root, "--train-step",
+                             f"mysteps:{step}", "--batch-size", "4", "--workers", "2", "--steps", "2"],
+                            cwd=steps_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=group)
+    deadline = time.monotonic() + 180
+    while not mark.exists():  # the step writes it once the cache segment exists
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the profile never reached its cached run: {proc.communicate()}")
+        time.sleep(0.05)
+    segment = mark.read_text()
+    assert os.path.exists(segment)
+    return proc, segment
+
+
+def _ended(proc) -> tuple[str, str]:
     try:
-        deadline = time.monotonic() + 180
-        while not mark.exists():  # the step writes it once the cache segment exists
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the profile never reached its cached run"
-            time.sleep(0.05)
-        segment = mark.read_text()
-        assert os.path.exists(segment)
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
+        return proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def _no_profile_segments(pid: int) -> None:
+    left = os.listdir(os.environ["COORDL_SHM_DIR"])
+    assert not [n for n in left if n.startswith(f"coordl-cache-profile-{pid}-")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_interrupt_removes_the_temporary_caches(tiny_root, steps_dir, sig):
+    proc, segment = _stalled_profile(steps_dir, tiny_root, group=False)
+    proc.send_signal(sig)
+    _out, err = _ended(proc)
     assert proc.returncode == (130 if sig == signal.SIGINT else 128 + sig), err
     assert not os.path.exists(segment)
-    left = os.listdir(os.environ["COORDL_SHM_DIR"])
-    assert not [n for n in left if n.startswith(f"coordl-cache-profile-{proc.pid}-")]
+    _no_profile_segments(proc.pid)
+
+
+def test_sigterm_to_the_whole_process_group_ends_as_to_the_parent_alone(tiny_root, steps_dir):
+    # as `timeout` sends it: the loader's workers get it too and die of it; the parent must end
+    # as it does alone (143, one line, caches removed), not with the workers' death chained onto it
+    proc, segment = _stalled_profile(steps_dir, tiny_root, group=True, step="busy_in_cached_run")
+    os.killpg(proc.pid, signal.SIGTERM)
+    _out, err = _ended(proc)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "terminated (SIGTERM)" in err and "temporary caches are removed" in err
+    assert not os.path.exists(segment)
+    _no_profile_segments(proc.pid)
