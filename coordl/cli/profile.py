@@ -73,7 +73,7 @@ def check_counts(**flags: int | None) -> None:
     """Each flag (``batch_size=64`` for --batch-size) an int >= 1, or None where it may be left out."""
     for key, value in flags.items():
         flag = "--" + key.replace("_", "-")
-        if value is None and key == "threads":
+        if value is None and key in ("threads", "steps"):
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{flag}={value!r} must be an int >= 1: {_FIXES[flag]}")
@@ -153,7 +153,8 @@ def _write(flag: str, path: str, write) -> None:
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--workers", type=int, default=2, show_default=True,
               help="Loader workers of the profiled run (prep is measured at 1..W).")
-@click.option("--steps", type=int, default=10, show_default=True, help="Timed steps per measurement.")
+@click.option("--steps", type=int, default=None,
+              help="Timed steps per measurement [default: 10, or fewer to fit the dataset (said so)].")
 @click.option("--cache", "--cache-bytes", "cache_bytes", default="0", show_default=True,
               help="MinIO cache of the profiled run: bytes or a size ('50MiB'); 0: none. "
                    "(--cache-bytes: the old name, kept.)")
@@ -203,6 +204,12 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
             raise ConfigError("--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is "
                               "False): pass --device cpu, or run on a machine with a GPU")
         step = models.train_step_for(models.build(label, len(ds.classes)), device)
+    if steps is None:
+        from coordl.profiler.run import DEFAULT_STEPS, fit_steps, fitted_steps_line
+
+        steps = fit_steps(len(ds), batch_size)
+        if steps < DEFAULT_STEPS:
+            click.echo(f"coordl profile: {fitted_steps_line(len(ds), batch_size, steps)}", err=True)
     _exit_cleanly_on_signals()
     try:
         result = profile(step, ds, batch_size=batch_size, num_workers=workers, steps=steps,

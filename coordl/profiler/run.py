@@ -37,6 +37,7 @@ from .items import ItemReads
 from .result import ProfileResult
 
 WARMUP = 2
+DEFAULT_STEPS = 10                  # timed steps per run when none are asked for: fewer when the dataset is small
 STORAGE_SAMPLE_BYTES = 24 * 2**20   # bytes read per storage-bandwidth measurement
 LATENCY_READS = 24                  # single cold reads timed for the read latency
 FILL_CHUNK = 64                     # items read together (the dataset's batch read) to fill the cache
@@ -45,6 +46,12 @@ FILL_CHUNK = 64                     # items read together (the dataset's batch r
 def _where(dataset) -> str:
     """The dataset as the report names it: its root (a folder, a URL, a shard pattern), else its class."""
     return str(getattr(dataset, "root", "") or type(dataset).__name__)
+
+
+def fit_steps(items: int, batch_size: int, wanted: int = DEFAULT_STEPS) -> int:
+    """Timed steps per run for a dataset of `items`: `wanted`, or fewer where `(steps + WARMUP) *
+    batch_size` distinct items are not there (at least 1: then `profile` says what to change)."""
+    return max(1, min(wanted, items // max(batch_size, 1) - WARMUP))
 
 
 def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) -> torch.device:
@@ -144,7 +151,7 @@ class _Session:
 
 
 def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: int = 2, *,
-            steps: int = 10, cache_bytes: int = 0, device: str = "cpu", validate: bool = False,
+            steps: int | None = None, cache_bytes: int = 0, device: str = "cpu", validate: bool = False,
             repeats: int = 1, progress: bool = True, seed: int = 0,
             settings: dict | None = None) -> ProfileResult:
     """Profile `train_step` fed from `dataset`: rates, stall shares and what-if predictions.
@@ -159,7 +166,8 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
         batch_size, num_workers: of the loader being profiled (prep is also measured at
             a few counts up to num_workers, at most 4, and fitted between: model.measured_counts).
         steps: timed steps per measurement (after 2 warm-up steps); each measurement uses
-            ``(steps + 2) * batch_size`` distinct items.
+            ``(steps + 2) * batch_size`` distinct items. None: 10, or as many as the dataset holds
+            (`fit_steps`; the result's notes say so).
         cache_bytes: MinIO cache size of the profiled run (0: none, every item from storage).
         device: ``"cpu"`` or ``"cuda"``: where `train_step` runs (synchronized at the timing
             boundaries when it is a CUDA device).
@@ -169,6 +177,10 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
             the median of each is kept. More rounds for a busy, noisy machine.
         progress: tqdm bars on stderr (only where stderr is a terminal).
     """
+    fitted = None
+    if steps is None:
+        steps = fit_steps(len(dataset) if isinstance(dataset, CoordlDataset) else 0, batch_size)
+        fitted = steps if steps < DEFAULT_STEPS else None
     dev = _check(dataset, batch_size, num_workers, steps, device)
     if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
         raise ConfigError(f"cache_bytes={cache_bytes!r} must be an int >= 0 (0: no cache)")
@@ -176,7 +188,17 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
         raise ConfigError(f"repeats={repeats!r} must be an int >= 1")
     with ExitStack() as stack:
         s = _Session(dataset, batch_size, steps, dev, progress, seed, stack)
-        return _profile(s, train_step, num_workers, cache_bytes, dev, validate, settings or {}, repeats)
+        result = _profile(s, train_step, num_workers, cache_bytes, dev, validate, settings or {}, repeats)
+    if fitted is not None:
+        result.notes.insert(0, fitted_steps_line(len(dataset), batch_size, fitted))
+    return result
+
+
+def fitted_steps_line(items: int, batch_size: int, steps: int) -> str:
+    """What a profile whose steps were fitted to its dataset says about it."""
+    return (f"{steps} timed steps per run, not {DEFAULT_STEPS}: the dataset's {items} items hold "
+            f"({steps} + {WARMUP} warm-up) x batch {batch_size} distinct items per run; short runs are noisier "
+            "(more images, a smaller --batch-size, or --repeats 3)")
 
 
 def _median(runs: list[measure.Timed]) -> measure.Timed:

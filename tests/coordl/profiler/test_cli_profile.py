@@ -122,6 +122,17 @@ def test_cli_bad_input_says_what_to_change(tiny_root, steps_dir, args, message):
         assert "rates (samples/s" not in p.stdout and "ingestion" not in p.stderr
 
 
+def test_cli_fits_the_steps_to_the_dataset_and_says_so(tiny_root, steps_dir):
+    # 40 items at batch 8: 5 batches, 2 warm-up: 3 timed steps (the default 10 needs 96 items)
+    out = steps_dir / "fit.json"
+    p = run(["--data", tiny_root, "--train-step", "mysteps:step", "--batch-size", "8", "--workers", "1",
+             "--json", str(out)], steps_dir)
+    assert p.returncode == 0, p.stderr
+    assert "coordl profile: 3 timed steps per run, not 10: the dataset's 40 items" in p.stderr
+    assert json.loads(out.read_text())["settings"]["steps"] == 3
+    assert "3 timed steps per run" in p.stdout
+
+
 def test_cli_cache_flag_and_its_old_name(tiny_root, steps_dir):
     for flag in ("--cache", "--cache-bytes"):
         out = steps_dir / f"c{flag}.json"
