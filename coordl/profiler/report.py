@@ -78,7 +78,8 @@ def table(r) -> str:
         for v in r.validation:
             c = v["config"]
             lines.append(f"  {c['cache_fraction']:4.0%} cached, {c['workers']}w   {v['predicted']:9.1f} "
-                         f"{v['measured']:9.1f}  {v['error_pct']:+6.1f}%")
+                         f"{v['measured']:9.1f}  {v['error_pct']:+6.1f}%"
+                         + ("" if v.get("within_tolerance", True) else "  OUTSIDE +-15%: see notes"))
     if r.notes:
         lines += ["", "notes (numbers that look contradictory, explained)"]
         lines += [_wrap(f"- {n}") for n in r.notes]

@@ -99,7 +99,12 @@ class ProfileResult:
         }
         for v in validation:
             v["error_pct"] = 100.0 * (v["predicted"] - v["measured"]) / v["measured"]
-        found = advice.verdict(st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct, settings.get("device", "cpu"))
+            v["within_tolerance"] = abs(v["error_pct"]) <= 100 * advice.CHECK_TOLERANCE
+        device = settings.get("device", "cpu")
+        found = advice.verdict(st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct, device)
+        pst = model.predicted_stalls(inputs, n, profiled_fraction, W)
+        found = advice.reconcile(found, advice.verdict(pst.fetch_stall_pct, pst.prep_stall_pct, pst.compute_pct,
+                                                       device))
         todo = advice.advise(inputs, found["stall"], W, profiled_fraction, settings["dataset_bytes"],
                              settings.get("device", "cpu"), max_w)
         rounds = rounds or {}
@@ -107,6 +112,9 @@ class ProfileResult:
                                W, profiled_fraction,
                                {"all cached": rounds.get(f"cached{W}", []), "profiled": rounds.get("profiled", [])},
                                measured_counts=counts)
+        explain += advice.disagreement_notes(found, rates, model.predict(inputs, profiled_fraction, W),
+                                             settings.get("steps", 0), settings.get("repeats", 1))
+        explain += advice.validation_notes(validation, settings.get("steps", 0), settings.get("repeats", 1))
         return cls(settings, rates, st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct,
                    {"total_s": st.epoch_s, "compute_s": st.compute_s, "prep_stall_s": st.prep_stall_s,
                     "fetch_stall_s": st.fetch_stall_s}, measured, what_if, validation, found, todo, explain,
