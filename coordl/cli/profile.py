@@ -146,7 +146,8 @@ def _write(flag: str, path: str, write) -> None:
               help="For --data s3://... (any fsspec URL): its filesystem's options as a JSON object "
                    "(endpoint_url, anon, ...); without it the AWS_* variables are read.")
 @click.option("--model", "model_name", default=None,
-              help="Built-in model: small-cnn (default) or resnet18.")
+              help="small-cnn (default), resnet18, or any torchvision model by name (resnet50, vit_b_16, ...; "
+                   "needs torchvision: pip install 'coordl[torchvision]').")
 @click.option("--train-step", default=None, metavar="MODULE:FUNCTION",
               help="Your train step instead: FUNCTION(batch) runs one step on [images, labels] "
                    "and returns the loss.")

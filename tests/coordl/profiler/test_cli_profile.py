@@ -94,7 +94,7 @@ def test_cli_builtin_model_runs(tiny_root, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "vgg"], "model='vgg' is not a built-in model: use one of small-cnn, resnet18"),
+    (["--model", "vgg"], "model='vgg' is not a built-in model (small-cnn, resnet18), and torchvision"),
     (["--train-step", "mysteps:none_step"], "returned NoneType"),
     (["--train-step", "mysteps:nothere"], "mysteps has no function 'nothere'"),
     (["--train-step", "nomodule:f"], "cannot import module 'nomodule'"),
