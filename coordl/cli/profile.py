@@ -73,7 +73,7 @@ def check_counts(**flags: int | None) -> None:
     """Each flag (``batch_size=64`` for --batch-size) an int >= 1, or None where it may be left out."""
     for key, value in flags.items():
         flag = "--" + key.replace("_", "-")
-        if value is None and key == "threads":
+        if value is None and key in ("threads", "steps"):
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{flag}={value!r} must be an int >= 1: {_FIXES[flag]}")
@@ -98,13 +98,33 @@ def check_output(flag: str, path: str | None) -> None:
                           "write to")
 
 
+class _Terminated(SystemExit):
+    """SIGTERM or SIGHUP came: the profile unwinds (its `finally` drops the caches) and exits 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signame = signal.Signals(signum).name
+
+
+def _children_end_with_us(_signum, _frame) -> None:
+    """SIGCHLD while the profile exits on a signal: a worker that got it too has ended; nothing to do."""
+
+
 def _raise_exit(signum, _frame) -> None:
-    raise SystemExit(128 + signum)
+    # Sent to the whole process group (as `timeout` and a closing terminal send it), the signal
+    # also ends the loader's workers; torch's SIGCHLD handler would then raise "worker killed by
+    # signal" in the middle of this exit's cleanup (two chained tracebacks). Their deaths are part
+    # of this exit: a SIGCHLD handler that does nothing (not SIG_DFL: Python reports a pending
+    # SIGCHLD whose handler became the default as "ignored due to race condition").
+    if hasattr(signal, "SIGCHLD"):
+        signal.signal(signal.SIGCHLD, _children_end_with_us)
+    raise _Terminated(signum)
 
 
 def _exit_cleanly_on_signals() -> None:
     """SIGTERM and SIGHUP (a closed terminal) raise SystemExit, so the profile's `finally` drops
-    its temporary caches as on Ctrl-C. A signal that is ignored (nohup) stays ignored."""
+    its temporary caches as on Ctrl-C, whether the signal came to this process alone or to its
+    whole process group (its loader workers too). A signal that is ignored (nohup) stays ignored."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) == signal.SIG_DFL:
             signal.signal(sig, _raise_exit)
@@ -126,14 +146,16 @@ def _write(flag: str, path: str, write) -> None:
               help="For --data s3://... (any fsspec URL): its filesystem's options as a JSON object "
                    "(endpoint_url, anon, ...); without it the AWS_* variables are read.")
 @click.option("--model", "model_name", default=None,
-              help="Built-in model: small-cnn (default) or resnet18.")
+              help="small-cnn (default), resnet18, or any torchvision model by name (resnet50, vit_b_16, ...; "
+                   "needs torchvision: pip install 'coordl[torchvision]').")
 @click.option("--train-step", default=None, metavar="MODULE:FUNCTION",
               help="Your train step instead: FUNCTION(batch) runs one step on [images, labels] "
                    "and returns the loss.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--workers", type=int, default=2, show_default=True,
               help="Loader workers of the profiled run (prep is measured at 1..W).")
-@click.option("--steps", type=int, default=10, show_default=True, help="Timed steps per measurement.")
+@click.option("--steps", type=int, default=None,
+              help="Timed steps per measurement [default: 10, or fewer to fit the dataset (said so)].")
 @click.option("--cache", "--cache-bytes", "cache_bytes", default="0", show_default=True,
               help="MinIO cache of the profiled run: bytes or a size ('50MiB'); 0: none. "
                    "(--cache-bytes: the old name, kept.)")
@@ -183,6 +205,12 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
             raise ConfigError("--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is "
                               "False): pass --device cpu, or run on a machine with a GPU")
         step = models.train_step_for(models.build(label, len(ds.classes)), device)
+    if steps is None:
+        from coordl.profiler.run import DEFAULT_STEPS, fit_steps, fitted_steps_line
+
+        steps = fit_steps(len(ds), batch_size)
+        if steps < DEFAULT_STEPS:
+            click.echo(f"coordl profile: {fitted_steps_line(len(ds), batch_size, steps)}", err=True)
     _exit_cleanly_on_signals()
     try:
         result = profile(step, ds, batch_size=batch_size, num_workers=workers, steps=steps,
@@ -191,6 +219,9 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
     except KeyboardInterrupt:
         click.echo("coordl profile: interrupted; its temporary caches are removed", err=True)
         sys.exit(130)
+    except _Terminated as e:
+        click.echo(f"coordl profile: terminated ({e.signame}); its temporary caches are removed", err=True)
+        sys.exit(e.code)
     click.echo(result.table())
     if json_out:
         def write_json() -> None:

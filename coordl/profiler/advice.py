@@ -43,6 +43,47 @@ def verdict(fetch_pct: float, prep_pct: float, compute_pct: float, device: str) 
     return {"stall": "prep", "text": f"prep-bound: training waits on decode and augmentation ({split})"}
 
 
+def reconcile(measured: dict, predicted: dict) -> dict:
+    """The verdict from the measured split, with the one the model predicts for the same run
+    (`predicted_stall`) and whether they agree; where they do not, the text says so, as the
+    advice follows the measured one while every what-if row follows the model."""
+    out = {**measured, "predicted_stall": predicted["stall"], "agrees": measured["stall"] == predicted["stall"]}
+    if not out["agrees"]:
+        what = {"none": "no stall", "fetch": "a fetch stall", "prep": "a prep stall"}[predicted["stall"]]
+        out["text"] = (f"{measured['text']}; but the model, from the same measurements, predicts {what} "
+                       f"for this run ({predicted['text'].split('(', 1)[1]}: the two disagree (see notes)")
+    return out
+
+
+def disagreement_notes(found: dict, rates: dict, predicted: float, steps: int, repeats: int) -> list[str]:
+    """Why the measured verdict and the model's differ, and what to change (empty when they agree)."""
+    if found.get("agrees", True):
+        return []
+    return [f"The verdict from the measured split ({found['stall']}) and the model's ({found['predicted_stall']}) "
+            f"disagree: the profiled run measured {rates['fetch']:.0f}/s where the model predicts {predicted:.0f}/s "
+            f"from the other runs (ingestion {rates['ingestion']:.0f}/s, all cached {rates['prep']:.0f}/s). The "
+            f"split compares single short runs ({steps} timed steps, {repeats} round{'s' if repeats > 1 else ''}), "
+            "so one run slowed by the machine (other work, a worker starting) reads as a stall the model does not "
+            "see; the what-if rows and the advice follow the model. Measure again with more --steps (13 or more) "
+            "and --repeats 3, on a quieter machine, before acting on either."]
+
+
+def validation_notes(validation: list[dict], steps: int, repeats: int) -> list[str]:
+    """A note per validated configuration whose prediction is off by more than CHECK_TOLERANCE."""
+    out = []
+    for v in validation:
+        if v.get("within_tolerance", True):
+            continue
+        c = v["config"]
+        out.append(f"VALIDATION OUTSIDE ITS TOLERANCE: at {c['cache_fraction']:.0%} cached, {c['workers']} workers "
+                   f"the model predicted {v['predicted']:.0f}/s and {v['measured']:.0f}/s was measured "
+                   f"({v['error_pct']:+.1f}%, tolerance {CHECK_TOLERANCE:.0%}): the predictions of this profile "
+                   f"are not checked to {CHECK_TOLERANCE:.0%}. Short, noisy runs are the usual cause ({steps} timed "
+                   f"steps, {repeats} round{'s' if repeats > 1 else ''}): pass more --steps (13 or more, with "
+                   "images enough for them), --repeats 3, and profile on a quieter machine.")
+    return out
+
+
 def cpu_per_sample(inp: model.Inputs, cache_fraction: float, workers: int) -> float:
     """CPU seconds one sample costs, train step, loader and its cold read together (the model's CPU term)."""
     return inp.train_cpu + inp.at(inp.prep_cpu, workers) + (1.0 - cache_fraction) * inp.fetch_cpu
@@ -162,8 +203,11 @@ def _coordinator_advice(inp, workers, x) -> list[dict]:
 
 
 def notes(inp: model.Inputs, rates: dict, cached: list[float], cold: list[float], alone: list[float],
-          workers: int, cache_fraction: float, rounds: dict | None = None) -> list[str]:
-    """Why measured numbers that look contradictory are what they are (empty when none do)."""
+          workers: int, cache_fraction: float, rounds: dict | None = None,
+          measured_counts: list[int] | None = None) -> list[str]:
+    """Why measured numbers that look contradictory are what they are (empty when none do).
+    `cached`, `cold`, `alone`: rates at 1..W workers, of which `measured_counts` (all when None)
+    were timed and the others fitted."""
     out = []
     prep, fetch = rates["prep"], rates["fetch"]
     spread = _spread(rounds or {})
@@ -174,7 +218,8 @@ def notes(inp: model.Inputs, rates: dict, cached: list[float], cold: list[float]
             f"(cold reads {inp.storage_bandwidth(workers) / MiB:.0f} MiB/s, {inp.read_latency * 1e3:.2f} ms each, "
             f"against {inp.at(inp.prep_cpu, workers) * 1e3:.2f} ms of CPU to prepare an item), so the two differ "
             f"by run-to-run noise{spread}; the fetch stall is counted as 0. More --steps or --repeats 3 narrow it.")
-    free = [k for k, (c, a) in enumerate(zip(cold, alone), 1) if c >= a]
+    timed = set(measured_counts or range(1, len(alone) + 1))
+    free = [k for k, (c, a) in enumerate(zip(cold, alone), 1) if c >= a and k in timed]
     if free:
         at = ", ".join(f"{k}w: cold {cold[k - 1]:.0f}/s, cached {alone[k - 1]:.0f}/s" for k in free)
         out.append(

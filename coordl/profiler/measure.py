@@ -39,6 +39,7 @@ import copy
 import math
 import os
 import resource
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -76,6 +77,13 @@ class Timed:
     @property
     def rate(self) -> float:
         return self.samples / self.seconds
+
+
+def bars_shown(progress: bool) -> bool:
+    """Progress bars only where asked and stderr is a terminal: in a log file (or a pipe) a bar's
+    redraws are noise that buries the lines printed between them."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(progress) and callable(isatty) and bool(isatty())
 
 
 def _cpu(who: int) -> float:
@@ -182,7 +190,7 @@ def train_rate(batches: Iterable, train_step: Callable | None, warmup: int, step
     Timed's cpu_children is then CPU per item prepared from the first batch on (nan where it
     returned None or no item was prepared; 0 without `children`), and its cores_busy counts the
     workers' CPU over the timed steps."""
-    bar = tqdm(total=warmup + steps, desc=desc, leave=False, disable=not progress, unit="step")
+    bar = tqdm(total=warmup + steps, desc=desc, leave=False, disable=not bars_shown(progress), unit="step")
     t0 = c0 = w0 = w1 = first = None
     samples = k = 0
     try:

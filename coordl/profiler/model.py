@@ -50,8 +50,12 @@ cached(w) is the measured training throughput with every item cached: when
 it is below the ingestion rate the loader set that pace, so it is the
 workers' speed with the train step competing for the same CPUs. When it is at
 the ingestion rate the loader had slack, and the loader-alone rate is the
-workers' speed. cached, prep_alone, prep_cold, prep_cpu and storage_bw are
-measured at 1..W; above W the per-worker speed, the miss cost and the storage
+workers' speed. cached, prep_alone, prep_cold, prep_cpu and storage_bw hold one value
+per worker count 1..W: measured at a few counts (`measured_counts`: 1, W
+and at most two between, spaced geometrically, so a profile at W = 12 or 64
+times as many runs as at W = 4) and fitted between them (`fit_counts`:
+linear in w, which is how a loader's rate grows until a resource binds, and
+what the measured neighbours bracket when it does); above W the per-worker speed, the miss cost and the storage
 bandwidth at W are carried on, so more workers than measured help until the
 CPUs or the storage bind.
 """
@@ -62,6 +66,27 @@ from dataclasses import dataclass
 
 # a predicted rate within this fraction of the bound counts as "stall removed"
 TOLERANCE = 0.02
+MAX_MEASURED_COUNTS = 4  # worker counts timed per profile, whatever W (module doc)
+
+
+def measured_counts(workers: int) -> list[int]:
+    """The worker counts a profile at `workers` (W) times: 1..W up to MAX_MEASURED_COUNTS, else 1,
+    W and counts between them spaced geometrically (W=12: 1, 2, 5, 12)."""
+    if workers <= MAX_MEASURED_COUNTS:
+        return list(range(1, workers + 1))
+    between = {round(workers ** (k / (MAX_MEASURED_COUNTS - 1))) for k in range(1, MAX_MEASURED_COUNTS - 1)}
+    return sorted({1, workers} | between)
+
+
+def fit_counts(counts: list[int], values: list[float]) -> tuple[float, ...]:
+    """One value per worker count 1..max(counts) from `values` measured at `counts` (ascending,
+    starting at 1): the measured ones as they are, the others linear between their neighbours."""
+    if not counts or counts[0] != 1 or len(counts) != len(values) or counts != sorted(set(counts)):
+        raise ValueError(f"counts {counts} must ascend from 1, one value each ({len(values)} values)")
+    out = []
+    for lo, hi, a, b in zip(counts, counts[1:], values, values[1:]):
+        out += [a + (b - a) * (w - lo) / (hi - lo) for w in range(lo, hi)]
+    return tuple(out + [values[-1]])
 
 
 @dataclass(frozen=True)

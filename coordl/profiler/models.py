@@ -8,6 +8,9 @@
   bottleneck there: that is what the profiler is for.
 - ``resnet18``: He et al.'s ResNet-18 (~1.8 G multiply-adds per image); on a
   CPU it is model-bound, on a GPU it is the usual data-stall benchmark.
+- any other name: torchvision's model of that name (``resnet50``,
+  ``vit_b_16``, ...: ``torchvision.models.get_model``, untrained) when
+  torchvision is installed (``pip install 'coordl[torchvision]'``).
 
 Both take the uint8 batch and normalize it themselves (on the device, as the
 design says). A train step takes a batch as `coordl.DataLoader` gives it,
@@ -100,10 +103,30 @@ DEFAULT_MODEL = "small-cnn"
 
 
 def build(name: str, num_classes: int) -> nn.Module:
-    if name not in MODELS:
-        raise ConfigError(f"model={name!r} is not a built-in model: use one of {', '.join(MODELS)}, "
-                          "or pass your own train step (--train-step module:function)")
-    return MODELS[name](num_classes)
+    """A built-in model, else torchvision's model of that name (``resnet50``, ``vit_b_16``, ...;
+    untrained, `num_classes` outputs), with the uint8 normalization in front."""
+    if name in MODELS:
+        return MODELS[name](num_classes)
+    return nn.Sequential(Normalize(), _torchvision_model(name, num_classes))
+
+
+def _torchvision_model(name: str, num_classes: int) -> nn.Module:
+    try:
+        import torchvision.models as tvm
+    except (ImportError, RuntimeError, OSError, AttributeError) as e:  # missing, or built for another torch
+        raise ConfigError(
+            f"model={name!r} is not a built-in model ({', '.join(MODELS)}), and torchvision models need "
+            f"torchvision, which does not import here ({type(e).__name__}: {e}): pip install 'coordl[torchvision]' "
+            "(a torchvision built for this torch), use a built-in model, or pass your own train step "
+            "(--train-step module:function)") from None
+    try:
+        return tvm.get_model(name, weights=None, num_classes=num_classes)
+    except (ValueError, KeyError) as e:
+        known = getattr(tvm, "list_models", lambda: [])()
+        raise ConfigError(
+            f"model={name!r} is neither a built-in model ({', '.join(MODELS)}) nor a torchvision model ({e}): "
+            f"pass one of {', '.join(MODELS)} or a torchvision name"
+            + (f" ({', '.join(sorted(known)[:8])}, ...)" if known else " (resnet50, vit_b_16, ...)")) from None
 
 
 def train_step_for(model: nn.Module, device: torch.device | str, lr: float = 0.01) -> Callable:

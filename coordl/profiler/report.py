@@ -29,7 +29,7 @@ def table(r) -> str:
         f"  fetch stall          {e['fetch_stall_s']:8.2f}  {r.fetch_stall_pct:5.1f}",
         f"  total                {e['total_s']:8.2f}",
         "",
-        "measured inputs of the model",
+        "measured inputs of the model" + _fitted(m),
         "  prep alone (loader only, all cached): "
         + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m["prep_alone_by_workers"]),
         "  prep alone (loader only, cold storage): "
@@ -41,12 +41,14 @@ def table(r) -> str:
         "  train, all cached: "
         + ", ".join(f"{p['workers']}w {p['samples_per_s']:.0f}/s" for p in m["train_cached_by_workers"]),
         "  storage, cold reads: "
-        + ", ".join(f"{k} readers {b / MiB:.1f} MiB/s" for k, b in enumerate(m["storage_bw_by_readers"], 1)),
+        + ", ".join(f"{k} readers {b / MiB:.1f} MiB/s" for k, b in enumerate(m["storage_bw_by_readers"], 1)
+                    if k in m.get("worker_counts_measured", [k])),
         f"  storage: {_storage(m.get('storage'))}",
         f"  storage, one cold read on idle storage: {m['inputs']['read_latency'] * 1e3:.2f} ms; "
         f"memory (reads out of the MinIO cache): {m['memory_bw'] / MiB:.0f} MiB/s",
         f"  CPU per sample: train step {m['inputs']['train_cpu'] * 1e3:.2f} ms, loader "
-        + ", ".join(f"{c * 1e3:.2f} ms ({k}w)" for k, c in enumerate(m["inputs"]["prep_cpu"], 1))
+        + ", ".join(f"{c * 1e3:.2f} ms ({k}w)" for k, c in enumerate(m["inputs"]["prep_cpu"], 1)
+                    if k in m.get("worker_counts_measured", [k]))
         + f", a cold read {m['inputs']['fetch_cpu'] * 1e3:.2f} ms; {m['inputs']['cores']} cores",
         f"  CPU use, profiled run: {_busy(m['cpu_cores_busy'], m['inputs']['cores'])}; memory: training process "
         f"max RSS {_mib(m['max_rss_main_bytes'])}, largest worker {_mib(m['max_rss_worker_bytes'])}, "
@@ -76,7 +78,8 @@ def table(r) -> str:
         for v in r.validation:
             c = v["config"]
             lines.append(f"  {c['cache_fraction']:4.0%} cached, {c['workers']}w   {v['predicted']:9.1f} "
-                         f"{v['measured']:9.1f}  {v['error_pct']:+6.1f}%")
+                         f"{v['measured']:9.1f}  {v['error_pct']:+6.1f}%"
+                         + ("" if v.get("within_tolerance", True) else "  OUTSIDE +-15%: see notes"))
     if r.notes:
         lines += ["", "notes (numbers that look contradictory, explained)"]
         lines += [_wrap(f"- {n}") for n in r.notes]
@@ -84,6 +87,14 @@ def table(r) -> str:
         lines += ["", f"verdict: {r.verdict['text']}", "advice (from the model's predictions):"]
         lines += [_wrap(f"- {a['text']}") for a in r.advice] or ["- none"]
     return "\n".join(lines)
+
+
+def _fitted(m: dict) -> str:
+    fitted = m.get("worker_counts_fitted") or []
+    if not fitted:
+        return ""
+    return (f" (timed at {', '.join(map(str, m['worker_counts_measured']))} workers; "
+            f"{', '.join(map(str, fitted))} fitted between them)")
 
 
 def _storage(st: dict | None) -> str:

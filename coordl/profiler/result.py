@@ -50,8 +50,9 @@ class ProfileResult:
 
     @classmethod
     def build(cls, settings, inputs: model.Inputs, ingest, alone, cold, cached, profiled, profiled_fraction,
-              validation, rounds: dict | None = None) -> ProfileResult:
+              validation, rounds: dict | None = None, counts: list[int] | None = None) -> ProfileResult:
         W = settings["workers"]
+        counts = counts or list(range(1, len(alone) + 1))  # the worker counts alone/cold/cached were timed at
         n = settings["items"]
         rates = {"ingestion": ingest.rate, "prep": cached[-1].rate, "fetch": profiled.rate}
         st = model.decompose(n, rates["ingestion"], rates["prep"], rates["fetch"])
@@ -82,11 +83,13 @@ class ProfileResult:
         }
         measured = {
             "ingestion": _timed(ingest),
-            "prep_alone_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(alone, 1)],
-            "prep_cold_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(cold, 1)],
+            "worker_counts_measured": list(counts),
+            "worker_counts_fitted": [w for w in range(1, W + 1) if w not in counts],
+            "prep_alone_by_workers": [dict(workers=w, **_timed(t)) for w, t in zip(counts, alone)],
+            "prep_cold_by_workers": [dict(workers=w, **_timed(t)) for w, t in zip(counts, cold)],
             "miss_cost_by_workers": [inputs.miss_cost(w) for w in range(1, W + 1)],
             "miss_cost_in_place_by_workers": [inputs.miss_cost_in_place(w) for w in range(1, W + 1)],
-            "train_cached_by_workers": [dict(workers=w, **_timed(t)) for w, t in enumerate(cached, 1)],
+            "train_cached_by_workers": [dict(workers=w, **_timed(t)) for w, t in zip(counts, cached)],
             "profiled": {"cache_fraction": round(profiled_fraction, 4), "workers": W, **_timed(profiled)},
             "storage_bw_by_readers": list(inputs.storage_bw),
             "memory_bw": inputs.memory_bw,
@@ -96,13 +99,22 @@ class ProfileResult:
         }
         for v in validation:
             v["error_pct"] = 100.0 * (v["predicted"] - v["measured"]) / v["measured"]
-        found = advice.verdict(st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct, settings.get("device", "cpu"))
+            v["within_tolerance"] = abs(v["error_pct"]) <= 100 * advice.CHECK_TOLERANCE
+        device = settings.get("device", "cpu")
+        found = advice.verdict(st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct, device)
+        pst = model.predicted_stalls(inputs, n, profiled_fraction, W)
+        found = advice.reconcile(found, advice.verdict(pst.fetch_stall_pct, pst.prep_stall_pct, pst.compute_pct,
+                                                       device))
         todo = advice.advise(inputs, found["stall"], W, profiled_fraction, settings["dataset_bytes"],
                              settings.get("device", "cpu"), max_w)
         rounds = rounds or {}
-        explain = advice.notes(inputs, rates, [t.rate for t in cached], [t.rate for t in cold],
-                               [t.rate for t in alone], W, profiled_fraction,
-                               {"all cached": rounds.get(f"cached{W}", []), "profiled": rounds.get("profiled", [])})
+        explain = advice.notes(inputs, rates, list(inputs.cached), list(inputs.prep_cold), list(inputs.prep_alone),
+                               W, profiled_fraction,
+                               {"all cached": rounds.get(f"cached{W}", []), "profiled": rounds.get("profiled", [])},
+                               measured_counts=counts)
+        explain += advice.disagreement_notes(found, rates, model.predict(inputs, profiled_fraction, W),
+                                             settings.get("steps", 0), settings.get("repeats", 1))
+        explain += advice.validation_notes(validation, settings.get("steps", 0), settings.get("repeats", 1))
         return cls(settings, rates, st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct,
                    {"total_s": st.epoch_s, "compute_s": st.compute_s, "prep_stall_s": st.prep_stall_s,
                     "fetch_stall_s": st.fetch_stall_s}, measured, what_if, validation, found, todo, explain,

@@ -37,6 +37,7 @@ from .items import ItemReads
 from .result import ProfileResult
 
 WARMUP = 2
+DEFAULT_STEPS = 10                  # timed steps per run when none are asked for: fewer when the dataset is small
 STORAGE_SAMPLE_BYTES = 24 * 2**20   # bytes read per storage-bandwidth measurement
 LATENCY_READS = 24                  # single cold reads timed for the read latency
 FILL_CHUNK = 64                     # items read together (the dataset's batch read) to fill the cache
@@ -45,6 +46,12 @@ FILL_CHUNK = 64                     # items read together (the dataset's batch r
 def _where(dataset) -> str:
     """The dataset as the report names it: its root (a folder, a URL, a shard pattern), else its class."""
     return str(getattr(dataset, "root", "") or type(dataset).__name__)
+
+
+def fit_steps(items: int, batch_size: int, wanted: int = DEFAULT_STEPS) -> int:
+    """Timed steps per run for a dataset of `items`: `wanted`, or fewer where `(steps + WARMUP) *
+    batch_size` distinct items are not there (at least 1: then `profile` says what to change)."""
+    return max(1, min(wanted, items // max(batch_size, 1) - WARMUP))
 
 
 def _check(dataset, batch_size: int, num_workers: int, steps: int, device: str) -> torch.device:
@@ -144,7 +151,7 @@ class _Session:
 
 
 def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: int = 2, *,
-            steps: int = 10, cache_bytes: int = 0, device: str = "cpu", validate: bool = False,
+            steps: int | None = None, cache_bytes: int = 0, device: str = "cpu", validate: bool = False,
             repeats: int = 1, progress: bool = True, seed: int = 0,
             settings: dict | None = None) -> ProfileResult:
     """Profile `train_step` fed from `dataset`: rates, stall shares and what-if predictions.
@@ -157,9 +164,10 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
             `coordl.AudioFolder` or your subclass (read through its own fetch; the page cache is
             dropped where its storage allows, and the result's notes say where it could not).
         batch_size, num_workers: of the loader being profiled (prep is also measured at
-            1..num_workers workers).
+            a few counts up to num_workers, at most 4, and fitted between: model.measured_counts).
         steps: timed steps per measurement (after 2 warm-up steps); each measurement uses
-            ``(steps + 2) * batch_size`` distinct items.
+            ``(steps + 2) * batch_size`` distinct items. None: 10, or as many as the dataset holds
+            (`fit_steps`; the result's notes say so).
         cache_bytes: MinIO cache size of the profiled run (0: none, every item from storage).
         device: ``"cpu"`` or ``"cuda"``: where `train_step` runs (synchronized at the timing
             boundaries when it is a CUDA device).
@@ -167,8 +175,12 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
             another worker count) and report predicted against measured.
         repeats: rounds of every timed run (interleaved: round 1 of all, then round 2, ...);
             the median of each is kept. More rounds for a busy, noisy machine.
-        progress: tqdm bars on stderr.
+        progress: tqdm bars on stderr (only where stderr is a terminal).
     """
+    fitted = None
+    if steps is None:
+        steps = fit_steps(len(dataset) if isinstance(dataset, CoordlDataset) else 0, batch_size)
+        fitted = steps if steps < DEFAULT_STEPS else None
     dev = _check(dataset, batch_size, num_workers, steps, device)
     if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
         raise ConfigError(f"cache_bytes={cache_bytes!r} must be an int >= 0 (0: no cache)")
@@ -176,7 +188,17 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
         raise ConfigError(f"repeats={repeats!r} must be an int >= 1")
     with ExitStack() as stack:
         s = _Session(dataset, batch_size, steps, dev, progress, seed, stack)
-        return _profile(s, train_step, num_workers, cache_bytes, dev, validate, settings or {}, repeats)
+        result = _profile(s, train_step, num_workers, cache_bytes, dev, validate, settings or {}, repeats)
+    if fitted is not None:
+        result.notes.insert(0, fitted_steps_line(len(dataset), batch_size, fitted))
+    return result
+
+
+def fitted_steps_line(items: int, batch_size: int, steps: int) -> str:
+    """What a profile whose steps were fitted to its dataset says about it."""
+    return (f"{steps} timed steps per run, not {DEFAULT_STEPS}: the dataset's {items} items hold "
+            f"({steps} + {WARMUP} warm-up) x batch {batch_size} distinct items per run; short runs are noisier "
+            "(more images, a smaller --batch-size, or --repeats 3)")
 
 
 def _median(runs: list[measure.Timed]) -> measure.Timed:
@@ -188,8 +210,8 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
              settings: dict, repeats: int) -> ProfileResult:
     synth = measure.synthetic_batches(s.example_batch())
     sample = _storage_sample(s)
-    reads = [measure.storage_bandwidth(sample, w, s.storage) for w in range(1, W + 1)]
-    storage_bw = [bw for bw, _cpu in reads]
+    counts = model.measured_counts(W)
+    reads = [measure.storage_bandwidth(sample, w, s.storage) for w in counts]
     latency = measure.read_latency(sample[:LATENCY_READS], s.storage)
 
     full = s.cache("all", s.total_bytes)
@@ -209,23 +231,27 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     rounds: dict[str, list[measure.Timed]] = {}
     for r in range(repeats):
         tag = f" [{r + 1}/{repeats}]" if repeats > 1 else ""
-        for key, t in _one_round(s, synth, train_step, W, full, profiled_cache, x0, configs, tag):
+        for key, t in _one_round(s, synth, train_step, W, counts, full, profiled_cache, x0, configs, tag):
             rounds.setdefault(key, []).append(t)
     got = {key: _median(runs) for key, runs in rounds.items()}
     ingest, profiled = got["ingest"], got["profiled"]
-    alone = [got[f"alone{w}"] for w in range(1, W + 1)]
-    cold = [got[f"cold{w}"] for w in range(1, W + 1)]
-    cached = [got[f"cached{w}"] for w in range(1, W + 1)]
+    alone = [got[f"alone{w}"] for w in counts]
+    cold = [got[f"cold{w}"] for w in counts]
+    cached = [got[f"cached{w}"] for w in counts]
     for key, runs in rounds.items():
         if key.startswith(("alone", "cached")) and any(t.stats.get("storage_reads", 0) for t in runs):
             raise RuntimeError(f"an all-cached run ({key}) read items from storage")
+
+    def fit(values) -> tuple[float, ...]:
+        return model.fit_counts(counts, list(values))
+
     inputs = model.Inputs(
         ingestion=ingest.rate, train_cpu=ingest.cpu_self,
-        prep_alone=tuple(t.rate for t in alone), cached=tuple(t.rate for t in cached),
-        prep_cold=tuple(t.rate for t in cold),
-        prep_cpu=tuple(t.cpu_self + t.cpu_children for t in alone),
-        storage_bw=tuple(storage_bw), memory_bw=memory_bw, fetch_cpu=reads[0][1], read_latency=latency,
-        item_bytes=s.total_bytes / len(s.ds), cores=len(os.sched_getaffinity(0)))
+        prep_alone=fit(t.rate for t in alone), cached=fit(t.rate for t in cached),
+        prep_cold=fit(t.rate for t in cold),
+        prep_cpu=fit(t.cpu_self + t.cpu_children for t in alone),
+        storage_bw=fit(bw for bw, _cpu in reads), memory_bw=memory_bw, fetch_cpu=reads[0][1],
+        read_latency=latency, item_bytes=s.total_bytes / len(s.ds), cores=len(os.sched_getaffinity(0)))
     validation = [{"config": {"cache_fraction": round(x, 4), "workers": w},
                    "predicted": model.predict(inputs, x, w), "measured": got[f"validate{k}"].rate,
                    "measured_rounds": [t.rate for t in rounds[f"validate{k}"]]}
@@ -235,7 +261,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
                   "warmup_steps": WARMUP, "repeats": repeats, "cache_bytes": cache_bytes,
                   "device": str(dev), "dataset": s.where, "items": len(s.ds),
                   "dataset_bytes": s.total_bytes},
-        inputs=inputs, ingest=ingest, alone=alone, cold=cold, cached=cached, profiled=profiled,
+        inputs=inputs, ingest=ingest, alone=alone, cold=cold, cached=cached, profiled=profiled, counts=counts,
         profiled_fraction=x0, validation=validation, rounds={k: [t.rate for t in v] for k, v in rounds.items()})
     result.measured.update(
         storage={"kind": s.storage.kind, "cold": s.storage.cold, "note": s.storage.note},
@@ -248,12 +274,12 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
     return result
 
 
-def _one_round(s: _Session, synth, train_step, W, full, profiled_cache, x0, configs, tag):
-    """Each timed run once, in order: (key, Timed)."""
+def _one_round(s: _Session, synth, train_step, W, counts, full, profiled_cache, x0, configs, tag):
+    """Each timed run once, in order: (key, Timed); the loader runs at each of `counts` workers."""
     yield "ingest", measure.train_rate(measure.cycle(synth, WARMUP + s.steps), train_step, WARMUP,
                                        s.steps, s.batch_size, s.sync, "ingestion (synthetic batches)" + tag,
                                        s.progress)
-    for w in range(1, W + 1):
+    for w in counts:
         yield f"alone{w}", s.run(w, full, None, f"prep alone, all cached, {w}w" + tag, full)
         yield f"cold{w}", s.run(w, None, None, f"prep alone, cold storage, {w}w" + tag, full)
         yield f"cached{w}", s.run(w, full, train_step, f"train, all cached, {w}w" + tag, full)

@@ -152,3 +152,50 @@ def test_curves_are_scaled_to_the_data_not_the_ingestion_line():
     assert ax2.get_ylim()[1] == pytest.approx(500 * 1.12) and len(ax2.get_lines()) == 2
     plt.close(fig)
     plt.close(fig2)
+
+
+# -- the verdict against the model; validations outside their tolerance ------------------------
+
+def _timed(rate: float):
+    from coordl.profiler.measure import Timed
+    return Timed(samples=int(rate), seconds=1.0, cpu_self=0.0, cpu_children=0.0, stats={})
+
+
+def _result(profiled: float, validation: list):
+    from coordl.profiler.result import ProfileResult
+    # a CPU run bound by its model: the loader alone is 10x faster than the step, storage is fast
+    inp = inputs(ingestion=100.0, prep_alone=(1000.0,), cached=(100.0,), prep_cpu=(0.0,), storage_bw=(10**12,),
+                 prep_cold=(1000.0,))
+    settings = {"workers": 1, "items": 400, "dataset_bytes": 400 * 100_000, "device": "cpu", "steps": 2,
+                "repeats": 1, "dataset": "DIR", "batch_size": 16, "cache_bytes": 0, "warmup_steps": 2}
+    t = _timed
+    r = ProfileResult.build(settings, inp, t(100.0), [t(1000.0)], [t(1000.0)], [t(100.0)], t(profiled),
+                            0.0, validation)
+    r.measured.update(cpu_cores_busy=1.0, max_rss_main_bytes=0, max_rss_worker_bytes=0)  # as run.py adds them
+    return r
+
+
+def test_a_measured_stall_the_model_does_not_predict_is_said_so():
+    # the run: a fetch stall of 44% measured, every what-if row `model`, advice "none"
+    r = _result(56.0, [])
+    assert all(row["bound"] == "model" for row in r.what_if["by_cache"] + r.what_if["by_workers"])
+    assert r.verdict["stall"] == "fetch" and r.verdict["predicted_stall"] == "none" and not r.verdict["agrees"]
+    assert "the model, from the same measurements, predicts no stall" in r.verdict["text"]
+    assert "the two disagree" in r.verdict["text"] and r.verdict["text"] in r.table()
+    note = next(n for n in r.notes if n.startswith("The verdict from the measured split (fetch)"))
+    assert "--repeats 3" in note and "more --steps" in note and "quieter machine" in note
+    # agreeing: no such words
+    ok = _result(100.0, [])
+    assert ok.verdict["agrees"] and ok.verdict["stall"] == "none" and "disagree" not in ok.table()
+
+
+def test_a_validation_outside_its_tolerance_is_flagged_with_what_to_change():
+    r = _result(100.0, [{"config": {"cache_fraction": 0.5, "workers": 1}, "predicted": 136.8, "measured": 100.0},
+                        {"config": {"cache_fraction": 0.0, "workers": 2}, "predicted": 105.0, "measured": 100.0}])
+    bad, good = r.validation
+    assert not bad["within_tolerance"] and good["within_tolerance"]
+    flagged = [n for n in r.notes if n.startswith("VALIDATION OUTSIDE ITS TOLERANCE")]
+    assert len(flagged) == 1 and "+36.8%, tolerance 15%" in flagged[0]
+    assert "--steps" in flagged[0] and "--repeats 3" in flagged[0] and "quieter machine" in flagged[0]
+    text = r.table()
+    assert text.count("OUTSIDE +-15%") == 1 and "+36.8%  OUTSIDE" in text

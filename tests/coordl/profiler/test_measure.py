@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 import coordl
 from coordl.profiler import measure
@@ -69,3 +70,13 @@ def test_process_cpu_reads_another_process(tmp_path):
         p.kill()
         p.wait()
     assert measure.process_cpu(p.pid) is None  # gone
+
+
+def test_no_progress_bars_where_stderr_is_not_a_terminal(capfd):
+    # pytest's capture: stderr is a file, as in a log; the bar would write its redraws there
+    batches = [[torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, dtype=torch.int64)]] * 4
+    t = measure.train_rate(batches, lambda b: b[0].float().mean(), 1, 3, 4, lambda: None, "bars?", True)
+    assert t.batches == 3
+    out, err = capfd.readouterr()
+    assert err == "" and out == ""
+    assert not measure.bars_shown(True) and not measure.bars_shown(False)

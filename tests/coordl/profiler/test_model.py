@@ -209,3 +209,25 @@ def test_limits_checks_its_arguments():
         model.limits(inputs(), 1.5, 2)
     with pytest.raises(ValueError):
         model.limits(inputs(), 0.5, 0)
+
+
+# -- worker counts: a few timed, the rest fitted ---------------------------------------------
+
+@pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 8, 12, 16, 64, 256])
+def test_a_few_worker_counts_are_timed_whatever_w(W):
+    counts = model.measured_counts(W)
+    assert counts[0] == 1 and counts[-1] == W and counts == sorted(set(counts))
+    assert len(counts) <= model.MAX_MEASURED_COUNTS == 4
+    assert len(counts) == min(W, 4)
+    assert model.measured_counts(12) == [1, 2, 5, 12]
+
+
+def test_fit_counts_keeps_the_measured_and_interpolates_the_rest():
+    assert model.fit_counts([1], [7.0]) == (7.0,)
+    fitted = model.fit_counts([1, 2, 5, 12], [100.0, 200.0, 440.0, 440.0])
+    assert len(fitted) == 12
+    assert fitted[0] == 100.0 and fitted[1] == 200.0 and fitted[4] == 440.0 and fitted[11] == 440.0
+    assert fitted[2:4] == pytest.approx((280.0, 360.0)) and fitted[5:11] == pytest.approx((440.0,) * 6)
+    for bad in (([2, 3], [1.0, 2.0]), ([1, 3], [1.0]), ([1, 3, 2], [1.0, 2.0, 3.0])):
+        with pytest.raises(ValueError):
+            model.fit_counts(*bad)

@@ -190,3 +190,23 @@ def test_cores_busy_never_exceeds_the_cores(ds):
     # the workers' CPU per item is read from the first batch on: never nan, never the whole-run fallback
     for run in runs[2:]:
         assert 0 < run["cpu_s_per_sample_workers"] < 0.05, run
+
+
+def test_a_profile_times_a_few_worker_counts_and_fits_the_rest(ds):
+    # W=5: timed at 1, 2, 3 and 5 workers, 4 fitted; the number of timed runs does not grow with W
+    r = profile(tiny_step(), ds, batch_size=4, num_workers=5, steps=1, validate=True, progress=False)
+    m = r.measured
+    assert m["worker_counts_measured"] == [1, 2, 3, 5] and m["worker_counts_fitted"] == [4]
+    assert set(m["rounds"]) == {"ingest", "profiled", "validate0", "validate1",
+                                *(f"{k}{w}" for k in ("alone", "cold", "cached") for w in (1, 2, 3, 5))}
+    for key in ("prep_alone_by_workers", "prep_cold_by_workers", "train_cached_by_workers"):
+        assert [run["workers"] for run in m[key]] == [1, 2, 3, 5]
+    inp = m["inputs"]
+    for key in ("prep_alone", "cached", "prep_cold", "prep_cpu", "storage_bw"):
+        assert len(inp[key]) == 5
+        assert inp[key][3] == pytest.approx((inp[key][2] + inp[key][4]) / 2)  # 4 workers: fitted
+    assert [run["samples_per_s"] for run in m["prep_cold_by_workers"]] == [inp["prep_cold"][w - 1]
+                                                                          for w in (1, 2, 3, 5)]
+    # the validation at W-1 = 4 workers checks a fitted count
+    assert r.validation[1]["config"]["workers"] == 4
+    assert "fitted between them" in r.table()
