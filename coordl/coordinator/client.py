@@ -63,6 +63,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -141,7 +142,8 @@ class Client:
         self._held: int | None = None
         self.next_epoch = self.welcome.start_epoch  # the epoch the next iteration runs
         self.start_epoch = self.welcome.start_epoch  # the job's first epoch (a resumed one: saved)
-        self._current: EpochIterator | None = None   # the epoch under way (for state_dict)
+        self._current: _Position | None = None       # where the epoch under way is (for state_dict;
+        # the iterator's position, not the iterator: a dropped iterator must be freed at once)
         self._resumed_at = 0  # batches of `next_epoch` received before a restart (load_state_dict)
         self.batches = self.samples = self.failed_batches = 0  # received by this job
         self._framework_epoch: EpochIterator | None = None  # framework_batch's epoch under way
@@ -271,7 +273,7 @@ class Client:
     def state_dict(self) -> dict:
         """Where this job's training loop is (see the module docstring): JSON-serialisable."""
         it = self._current
-        if it is not None and not it.done and it.received < it.total:
+        if it is not None and not it.done and it.received < it.total:  # under way, or left by a break
             epoch, batches = it.epoch, it.received
         else:
             epoch, batches = self.next_epoch, self._resumed_at
@@ -302,6 +304,27 @@ class Client:
         """Detach now (every slot this job holds is released)."""
         self._finalizer()
 
+    def _pause(self) -> None:
+        """An epoch's iterator was dropped before its end (EpochIterator.__del__): tell the daemon,
+        which releases what this job holds. Never raises (it runs in a finalizer): a daemon that
+        is gone or a connection closed already has nothing left to hold."""
+        if self._fork.forked() or not self._finalizer.alive:
+            return
+        self._held = None  # Pause lets go of every slot, the one in use included
+        try:
+            self.channel.send(p.Pause())
+        except (OSError, CoordinatorError):
+            pass
+
+
+@dataclass
+class _Position:
+    """Where an epoch of this job is, for `Client.state_dict`; it outlives its iterator."""
+    epoch: int
+    received: int     # batches of the epoch the training loop has had
+    total: int        # batches of the epoch
+    done: bool = False
+
 
 class EpochIterator:
     """One epoch of batches from the daemon.
@@ -311,10 +334,18 @@ class EpochIterator:
     is usually waiting in the socket when the training loop asks for it and
     the loop does not wait for the daemon to be scheduled. A job so holds at
     most two slots: the batch in use and the one asked for.
+
+    An iterator dropped before its epoch's end (a ``break``, an exception out of
+    the loop) tells the daemon Pause when it is freed: the job gives up the rest
+    of the epoch and holds nothing until its next ``iter(loader)``, so it never
+    holds the ring against the other jobs, or against a new loader in this
+    process. Nothing refers back to the iterator (the client keeps its
+    `_Position`), so a ``break`` frees it at once.
     """
 
     def __init__(self, client: Client, pin_memory: bool) -> None:
         self.client, self.pin_memory = client, pin_memory
+        self.done = True  # until the epoch has started: nothing to pause
         client._send([p.Begin()])
         # An earlier iterator's Next sent ahead may still be answered: those replies come before
         # EpochStart and are stale (the daemon released what they hold when this epoch began).
@@ -323,18 +354,35 @@ class EpochIterator:
         if not isinstance(reply, p.EpochStart):
             raise CoordinatorError(f"the coordinator answered begin with {reply.TYPE!r}")
         self.epoch, self.batches = reply.epoch, reply.batches
-        self.received = client._resumed_at  # batches of this epoch the loop has had (state_dict)
-        self.total = self.received + reply.batches
-        client._resumed_at, client._current = 0, self
+        received = client._resumed_at  # batches of this epoch the loop has had (state_dict)
+        self.position = _Position(reply.epoch, received, received + reply.batches)
+        client._resumed_at, client._current = 0, self.position
         client.next_epoch = reply.epoch + 1
         self.done = False
         self._asked = False  # a Next is on its way
+
+    @property
+    def received(self) -> int:
+        return self.position.received
+
+    @property
+    def total(self) -> int:
+        return self.position.total
 
     def __iter__(self) -> EpochIterator:
         return self
 
     def __len__(self) -> int:
         return self.batches
+
+    def __del__(self) -> None:
+        # only the epoch under way: an iterator an iter(loader) after it replaced gave its epoch up
+        if not self.done and self.client._current is self.position:
+            self.done = True
+            self.client._pause()
+
+    def _end(self) -> None:
+        self.done = self.position.done = True
 
     def __next__(self) -> CoordinatedBatch:
         if self.done:
@@ -345,11 +393,11 @@ class EpochIterator:
         reply = client._reply(client.timeout, f"a batch of epoch {self.epoch}")
         self._asked = False
         if isinstance(reply, p.EndOfEpoch):
-            self.done = True
+            self._end()
             client._send([])
             raise StopIteration
         if isinstance(reply, p.BatchFailed):
-            self.received += 1  # handed to the loop (as an error): a resume continues after it
+            self.position.received += 1  # handed to the loop (as an error): a resume continues after it
             client.failed_batches += 1
             client._send([p.Next()])
             self._asked = True
@@ -357,7 +405,7 @@ class EpochIterator:
         if not isinstance(reply, p.Ready):
             raise CoordinatorError(f"the coordinator answered next with {reply.TYPE!r}")
         batch = client._batch(reply, self.pin_memory)
-        self.received += 1
+        self.position.received += 1
         client.batches += 1
         client.samples += reply.n
         msgs: list[p.Message]
