@@ -84,14 +84,11 @@ def test_drop_last_and_len(tiny_root, serve):
     (dict(seed=5), ["seed=5 (job) != the daemon's seed=0 (--seed 0)", "coordl serve --seed 5"]),
     (dict(on_error="skip"), ["on_error='skip' (job) != the daemon's on_error='raise' "
                              "(--on-error raise)", "coordl serve --on-error skip"]),
-    (dict(batch_size=8), ["batch_size=8 (job) != the daemon's batch_size=4 (--batch-size 4)"]),
     (dict(size=48), ["size=48 (job) != the daemon's size=32 (--size 32)"]),
     (dict(transform="val"), ["transform='val' (job) != the daemon's transform='train' "
                              "(--transform train)"]),
     (dict(shuffle=False), ["shuffle=False (job) != the daemon's shuffle=True (--shuffle)",
                            "coordl serve --no-shuffle"]),
-    (dict(drop_last=True), ["drop_last=True (job) != the daemon's drop_last=False (--keep-last)",
-                            "coordl serve --drop-last"]),
 ])
 def test_every_difference_that_changes_a_batch_is_refused_naming_it(tiny_root, shared_serve, change, words):
     served = shared_serve
