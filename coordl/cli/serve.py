@@ -49,8 +49,8 @@ def _size(ctx, param, value):
                    "or (N, N, 3), served as (B, 3, N, N).")
 @click.option("--epochs", type=int, default=None,
               help="Epochs each job gets (counted from the first whole epoch it joins); the "
-                   "daemon exits once every job has had them and left (default: serve until "
-                   "stopped).")
+                   "daemon exits once every job has had them and left, or --linger seconds after "
+                   "a job left with epochs to go and none resumed (default: serve until stopped).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Order and augmentation seed.")
 @click.option("--workers", type=int, default=None, help="Prep worker processes (default: all cores).")
 @click.option("--cache", "cache_bytes", default=None, callback=_size,
@@ -62,6 +62,9 @@ def _size(ctx, param, value):
               help="Ring slots K: the fastest job runs at most K batches ahead of the slowest.")
 @click.option("--straggler-timeout", type=float, default=300.0, show_default=True,
               help="Seconds a job may hold the oldest batch of a full ring before it is detached.")
+@click.option("--linger", type=float, default=600.0, show_default=True,
+              help="With --epochs: seconds to wait for a job that left with epochs to go (preempted, "
+                   "to resume from its checkpoint in a new process) before the daemon stops.")
 @click.option("--min-jobs", type=int, default=1, show_default=True,
               help="Jobs to wait for before the first batch is handed out (a hard barrier).")
 @click.option("--join-window", type=float, default=5.0, show_default=True,
@@ -85,7 +88,7 @@ def _size(ctx, param, value):
                    "e.g. '{\"endpoint_url\": \"http://127.0.0.1:9000\"}'. Without it the AWS_* variables "
                    "are read (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).")
 def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_bytes, socket_path,
-              slots, straggler_timeout, min_jobs, join_window, hello_timeout, shuffle, drop_last,
+              slots, straggler_timeout, linger, min_jobs, join_window, hello_timeout, shuffle, drop_last,
               on_error, backend, dali_device, detach, storage_options, dataset_class, dataset_args):
     """The coordinator daemon: prepare each batch once, for every attached job.
 
@@ -100,7 +103,7 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
     extra.update(_dataset_options(dataset_class, dataset_args))
     config = ServeConfig(data=data or "", batch_size=batch_size, transform=transform, size=size,
                          epochs=epochs, seed=seed, cache_bytes=cache_bytes, slots=slots,
-                         straggler_timeout=straggler_timeout, min_jobs=min_jobs,
+                         straggler_timeout=straggler_timeout, linger=linger, min_jobs=min_jobs,
                          join_window=join_window, hello_timeout=hello_timeout, shuffle=shuffle,
                          drop_last=drop_last, on_error=on_error, backend=backend,
                          dali_device=dali_device, **extra)

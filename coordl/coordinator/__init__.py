@@ -23,5 +23,6 @@ The shells (processes, sockets, shared memory):
     daemon.py     `coordl serve`: sockets, signals, processes, segments
     channel.py    a socket to the daemon; `coordl status` (no torch)
     client.py     the job's side, used by coordl.DataLoader(coordinator=...)
+    assemble.py   a job of its own batch size: its batches cut from the daemon's chunks
     cleanup.py    what a killed daemon left behind (part of `coordl cleanup`)
 """

@@ -75,6 +75,7 @@ from coordl.errors import ConfigError, CoordinatorError, SampleError
 from coordl.loader import resume
 
 from . import protocol as p
+from .assemble import AssembledEpoch, Cut, Position
 from .channel import _Channel, status  # noqa: F401 (status: coordl.coordinator.client.status)
 from .config import parse_address
 from .ring import INDEX, Layout, Ring
@@ -130,6 +131,8 @@ class Client:
             self.spec = SampleSpec.from_wire(reply.sample_shape, reply.sample_dtype, reply.sample_hwc)
             self.ring = Ring.attach(reply.ring, Layout(reply.slots, reply.batch_size, self.spec.shape,
                                                        self.spec.dtype))
+            # a batch size (or drop_last) of its own: batches cut from the daemon's chunks (assemble.py)
+            self.cut = _cut(len(dataset), reply, int(batch_size), bool(drop_last), dataset.on_error)
         except BaseException:
             self.channel.close("attach failed")
             raise
@@ -141,16 +144,18 @@ class Client:
         self._held: int | None = None
         self.next_epoch = self.welcome.start_epoch  # the epoch the next iteration runs
         self.start_epoch = self.welcome.start_epoch  # the job's first epoch (a resumed one: saved)
-        self._current: EpochIterator | None = None   # the epoch under way (for state_dict)
+        self._current: Position | None = None       # where the epoch under way is (for state_dict;
+        # the iterator's position, not the iterator: a dropped iterator must be freed at once)
         self._resumed_at = 0  # batches of `next_epoch` received before a restart (load_state_dict)
         self.batches = self.samples = self.failed_batches = 0  # received by this job
-        self._framework_epoch: EpochIterator | None = None  # framework_batch's epoch under way
+        self._framework_epoch: EpochIterator | AssembledEpoch | None = None  # framework_batch's epoch under way
         self._finalizer = weakref.finalize(self, _Channel.close, self.channel, "the job closed it")
 
     # -- facts the daemon told us --
     @property
     def batches_per_epoch(self) -> int:
-        return self.welcome.batches_per_epoch
+        """This job's batches per epoch (its own batch size's, with a `cut`)."""
+        return self.cut.batches_per_epoch if self.cut is not None else self.welcome.batches_per_epoch
 
     @property
     def job(self) -> int:
@@ -164,9 +169,31 @@ class Client:
         return self.batches_per_epoch
 
     # -- iteration --
-    def epoch(self, pin_memory: bool = False) -> EpochIterator:
+    def epoch(self, pin_memory: bool = False) -> EpochIterator | AssembledEpoch:
         """Start this job's next epoch (one ``iter(loader)``)."""
+        if self.cut is not None:
+            return AssembledEpoch(self, pin_memory)
         return EpochIterator(self, pin_memory)
+
+    def _rows(self, ready: p.Ready) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(samples, labels, ids) of a Ready's slot: views, the ring's layout (images HWC)."""
+        slot, n = ready.slot, ready.n
+        if int(self.ring.table[slot, INDEX]) != ready.index:
+            self.channel._read_leftovers()  # detached or shut down since: raises saying so
+            raise CoordinatorError(f"slot {slot} holds batch {int(self.ring.table[slot, INDEX])}, "
+                                   f"not {ready.index}: the ring is corrupt (please report this)")
+        return self._samples[slot][:n], self._labels[slot][:n], self._ids[slot][:n]
+
+    @staticmethod
+    def _coordinated(*args: Any) -> CoordinatedBatch:
+        return CoordinatedBatch(*args)
+
+    @staticmethod
+    def _failure(reply: p.BatchFailed, epoch: int) -> Exception:
+        return failure_error(reply, epoch)
+
+    def _release_now(self, index: int) -> None:
+        self._send([p.Release(index)])
 
     def _check_pid(self) -> None:
         if self._fork.forked():
@@ -194,13 +221,7 @@ class Client:
                 return reply
 
     def _batch(self, ready: p.Ready, pin_memory: bool) -> CoordinatedBatch:
-        slot, n = ready.slot, ready.n
-        if int(self.ring.table[slot, INDEX]) != ready.index:
-            self.channel._read_leftovers()  # detached or shut down since: raises saying so
-            raise CoordinatorError(f"slot {slot} holds batch {int(self.ring.table[slot, INDEX])}, "
-                                   f"not {ready.index}: the ring is corrupt (please report this)")
-        samples = self._samples[slot][:n]
-        labels, ids = self._labels[slot][:n], self._ids[slot][:n]
+        samples, labels, ids = self._rows(ready)
         if pin_memory:
             samples = _copy_out(samples)
             labels, ids = labels.clone(), ids.clone()
@@ -271,7 +292,7 @@ class Client:
     def state_dict(self) -> dict:
         """Where this job's training loop is (see the module docstring): JSON-serialisable."""
         it = self._current
-        if it is not None and not it.done and it.received < it.total:
+        if it is not None and not it.done and it.received < it.total:  # under way, or left by a break
             epoch, batches = it.epoch, it.received
         else:
             epoch, batches = self.next_epoch, self._resumed_at
@@ -283,6 +304,7 @@ class Client:
         """Continue from `state` at the next ``iter(loader)``: exactly the batches not received
         yet, re-prepared by the daemon if they have left its ring (module docstring)."""
         epoch, batches, _ = resume.check_state(state, self.identity)
+        chunk = self.cut.start(batches)[0] if self.cut is not None else batches  # the daemon's unit
         extra = state.get("coordinator") or {"start_epoch": 0}  # a local loader's: from epoch 0
         start = extra.get("start_epoch") if isinstance(extra, dict) else None
         if not (isinstance(start, int) and 0 <= start <= epoch):
@@ -292,15 +314,28 @@ class Client:
             raise ConfigError("load_state_dict on a coordinated loader that has begun an epoch: the "
                               "daemon has moved this job on; build a fresh DataLoader and load the "
                               "state before its first iter(loader)")
-        self._send([p.Resume(epoch, batches, start)])
+        self._send([p.Resume(epoch, chunk, start)])
         reply = self._reply(_HELLO_TIMEOUT, "the resume of this job")
         if not isinstance(reply, p.Resumed):
             raise CoordinatorError(f"the coordinator answered resume with {reply.TYPE!r}")
-        self.start_epoch, self.next_epoch, self._resumed_at = reply.start_epoch, reply.epoch, reply.batches
+        self.start_epoch, self.next_epoch = reply.start_epoch, reply.epoch
+        self._resumed_at = reply.batches if self.cut is None else (batches if reply.epoch == epoch else 0)
 
     def close(self) -> None:
         """Detach now (every slot this job holds is released)."""
         self._finalizer()
+
+    def _pause(self) -> None:
+        """An epoch's iterator was dropped before its end (EpochIterator.__del__): tell the daemon,
+        which releases what this job holds. Never raises (it runs in a finalizer): a daemon that
+        is gone or a connection closed already has nothing left to hold."""
+        if self._fork.forked() or not self._finalizer.alive:
+            return
+        self._held = None  # Pause lets go of every slot, the one in use included
+        try:
+            self.channel.send(p.Pause())
+        except (OSError, CoordinatorError):
+            pass
 
 
 class EpochIterator:
@@ -311,10 +346,18 @@ class EpochIterator:
     is usually waiting in the socket when the training loop asks for it and
     the loop does not wait for the daemon to be scheduled. A job so holds at
     most two slots: the batch in use and the one asked for.
+
+    An iterator dropped before its epoch's end (a ``break``, an exception out of
+    the loop) tells the daemon Pause when it is freed: the job gives up the rest
+    of the epoch and holds nothing until its next ``iter(loader)``, so it never
+    holds the ring against the other jobs, or against a new loader in this
+    process. Nothing refers back to the iterator (the client keeps its
+    `Position`), so a ``break`` frees it at once.
     """
 
     def __init__(self, client: Client, pin_memory: bool) -> None:
         self.client, self.pin_memory = client, pin_memory
+        self.done = True  # until the epoch has started: nothing to pause
         client._send([p.Begin()])
         # An earlier iterator's Next sent ahead may still be answered: those replies come before
         # EpochStart and are stale (the daemon released what they hold when this epoch began).
@@ -323,18 +366,35 @@ class EpochIterator:
         if not isinstance(reply, p.EpochStart):
             raise CoordinatorError(f"the coordinator answered begin with {reply.TYPE!r}")
         self.epoch, self.batches = reply.epoch, reply.batches
-        self.received = client._resumed_at  # batches of this epoch the loop has had (state_dict)
-        self.total = self.received + reply.batches
-        client._resumed_at, client._current = 0, self
+        received = client._resumed_at  # batches of this epoch the loop has had (state_dict)
+        self.position = Position(reply.epoch, received, received + reply.batches)
+        client._resumed_at, client._current = 0, self.position
         client.next_epoch = reply.epoch + 1
         self.done = False
         self._asked = False  # a Next is on its way
+
+    @property
+    def received(self) -> int:
+        return self.position.received
+
+    @property
+    def total(self) -> int:
+        return self.position.total
 
     def __iter__(self) -> EpochIterator:
         return self
 
     def __len__(self) -> int:
         return self.batches
+
+    def __del__(self) -> None:
+        # only the epoch under way: an iterator an iter(loader) after it replaced gave its epoch up
+        if not self.done and self.client._current is self.position:
+            self.done = True
+            self.client._pause()
+
+    def _end(self) -> None:
+        self.done = self.position.done = True
 
     def __next__(self) -> CoordinatedBatch:
         if self.done:
@@ -345,11 +405,11 @@ class EpochIterator:
         reply = client._reply(client.timeout, f"a batch of epoch {self.epoch}")
         self._asked = False
         if isinstance(reply, p.EndOfEpoch):
-            self.done = True
+            self._end()
             client._send([])
             raise StopIteration
         if isinstance(reply, p.BatchFailed):
-            self.received += 1  # handed to the loop (as an error): a resume continues after it
+            self.position.received += 1  # handed to the loop (as an error): a resume continues after it
             client.failed_batches += 1
             client._send([p.Next()])
             self._asked = True
@@ -357,7 +417,7 @@ class EpochIterator:
         if not isinstance(reply, p.Ready):
             raise CoordinatorError(f"the coordinator answered next with {reply.TYPE!r}")
         batch = client._batch(reply, self.pin_memory)
-        self.received += 1
+        self.position.received += 1
         client.batches += 1
         client.samples += reply.n
         msgs: list[p.Message]
@@ -370,6 +430,19 @@ class EpochIterator:
             client._held = reply.index
         self._asked = True
         return batch
+
+
+def _cut(items: int, welcome: p.Welcome, batch_size: int, drop_last: bool, on_error: str) -> Cut | None:
+    """None when the job's batches are the daemon's chunks; else how to cut its own (assemble.py)."""
+    daemon_drop_last = welcome.batches_per_epoch != -(-items // welcome.batch_size)
+    if batch_size == welcome.batch_size and (drop_last == daemon_drop_last or items % batch_size == 0):
+        return None
+    if on_error != "raise":
+        raise ConfigError(f"batch_size={batch_size} with on_error={on_error!r}: a job of another batch size "
+                          f"than the coordinator's ({welcome.batch_size}) places samples by their plan "
+                          "position, which skipped items would shift: use on_error='raise', or the "
+                          f"daemon's batch size {welcome.batch_size}")
+    return Cut(items, welcome.batch_size, batch_size, drop_last)
 
 
 def failure_error(reply: p.BatchFailed, epoch: int) -> SampleError | ConfigError | CoordinatorError:

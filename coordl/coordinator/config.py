@@ -70,6 +70,7 @@ class ServeConfig:
     socket: str = field(default_factory=default_socket_path)
     slots: int = 8                          # K: ring slots, the most the fastest job runs ahead
     straggler_timeout: float = 300.0        # s a job may block a full ring before it is detached
+    linger: float = 600.0                   # with epochs: s to wait for a job that left with epochs to go
     min_jobs: int = 1                       # jobs a group waits for before its first batch
     join_window: float = 5.0                # s with no new job before a group's first batch
     hello_timeout: float = 10.0             # s a connection may stay open without attaching
@@ -107,6 +108,9 @@ class ServeConfig:
             raise ConfigError(f"--epochs {self.epochs}: must be >= 1 (omit it to serve until stopped)")
         if not self.straggler_timeout > 0:
             raise ConfigError(f"--straggler-timeout {self.straggler_timeout}: must be > 0 seconds")
+        if not self.linger >= 0:
+            raise ConfigError(f"--linger {self.linger}: must be >= 0 seconds (0: stop as soon as "
+                              "every job has left)")
         if not self.hello_timeout > 0:
             raise ConfigError(f"--hello-timeout {self.hello_timeout}: must be > 0 seconds")
         if not self.join_window >= 0:

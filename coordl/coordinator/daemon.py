@@ -21,7 +21,9 @@ NOTE (lifecycle of every process and segment):
   closes their sockets, removes its socket file, closes the workers' sockets
   and reaps them (SIGKILL after 5 s), then unlinks the ring. With --epochs it
   also stops by itself once a group of jobs has started and every job has
-  left (each had its --epochs, or went away). SIGKILL: the kernel closes
+  left having had its --epochs; a job that left with epochs to go (preempted,
+  to resume from its checkpoint) is waited for up to --linger seconds
+  (scheduler.py `finished`). SIGKILL: the kernel closes
   every socket, so jobs see EOF at their next read and raise
   CoordinatorError; workers die by PR_SET_PDEATHSIG (or at EOF); the ring
   segment and the socket file stay behind until `coordl cleanup`
@@ -97,7 +99,7 @@ class Daemon:
     """`Daemon(config).run()` serves until stopped; see the module docstring."""
 
     def __init__(self, config: ServeConfig) -> None:
-        from coordl.datasets.base import from_import_path, require_fingerprint
+        from coordl.datasets.base import describe, from_import_path, require_fingerprint
         from coordl.datasets.imagefolder import ImageFolder
         from coordl.loader.caching import cache_for
 
@@ -109,6 +111,8 @@ class Daemon:
         what = f"coordl serve --dataset {config.dataset}" if config.dataset else f"coordl serve --data {config.data}"
         require_fingerprint(folder, what)
         self.served = folder.served_as()  # (where, transform or class path, size) as Hellos name it
+        if config.dataset:  # a user's class: named with the arguments it was built with
+            self.served = (describe(folder, config.dataset_args or {}), *self.served[1:])
         # what one ring row holds (spec.py): images, or the dataset's samples (item 0 prepared once)
         self.spec = served_spec(folder, config.size if config.dataset else config.image_size, what)
         self.cache = cache_for(folder, config.cache_bytes) if config.cache_bytes else None
@@ -280,8 +284,10 @@ class Daemon:
             self._close(conn, None)
         if now - self._rate[-1][0] >= 1.0:
             self._rate.append((now, self.produced_images))
-        if self.scheduler.finished():
-            self.stop(f"every job has had its {self.plan.epochs} epochs and left")
+        if self.scheduler.finished(now, self.config.linger):
+            self.stop(f"every job has had its {self.plan.epochs} epochs and left" if not self.scheduler.owed
+                      else f"no job resumed within --linger {self.config.linger:g} s after "
+                           f"{self.scheduler.owed} left with epochs to go")
 
     def _running(self) -> tuple[Ring, WorkerPool]:
         """The ring and the prep workers, which _start makes before the loop serves anything."""
@@ -446,6 +452,8 @@ class Daemon:
                 self._reply(conn, reply)
         elif isinstance(msg, p.Release):
             self.scheduler.release(conn.job, msg.index, now)
+        elif isinstance(msg, p.Pause):
+            self.scheduler.pause(conn.job, now)
 
     def _reply(self, conn: _Conn, msg: p.Message) -> None:
         self._send(conn, msg)
@@ -502,8 +510,13 @@ class Daemon:
             self.sel.unregister(conn.sock)
         conn.closing = True
         if conn.job is not None:
-            self.scheduler.detach(conn.job)
+            owed = self.scheduler.owed
+            self.scheduler.detach(conn.job, time.monotonic())
             self.detached += 1
+            if self.scheduler.owed > owed and self.plan.epochs is not None:
+                log.info("job %d (pid %d) left with epochs to go: the daemon waits up to --linger "
+                         "%g s for a job to resume before it stops", conn.job, conn.peer_pid,
+                         self.config.linger)
             log.info("job %d (pid %d) detached: %s", conn.job, conn.peer_pid, reason or "refused")
             conn.job = None
         try:
@@ -547,6 +560,8 @@ class Daemon:
             "images_per_s": round((n1 - n0) / (t1 - t0), 1) if t1 > t0 else 0.0,
             "uptime_s": round(now - self.started_at, 1), "detached": self.detached,
             "straggler_timeout": self.config.straggler_timeout,
+            "linger": self.config.linger,  # s it waits for a job that left with epochs to go
+            "owed": self.scheduler.owed,   # jobs that left with epochs to go, not resumed since
             "cache": self.cache.stats() if self.cache is not None else None,
             "jobs": [self.scheduler.job_status(j, now) for j in self.scheduler.jobs.values()],
         }

@@ -4,7 +4,10 @@ Pure: the daemon calls `mismatch` with the job's Hello, its own dataset and its
 plan, and refuses the job with the text it returns. The dataset (fingerprint
 and length), seed, on_error, transform, size, batch size, shuffle and
 drop_last decide every pixel and label of every batch (plan.py), so a job
-that differs in any of them would silently get batches it did not ask for.
+that differs in any of them would silently get batches it did not ask for;
+except that a daemon that keeps the last batch (--keep-last, the default)
+serves every batch size and drop_last: its batches are chunks that cover each
+epoch, and a job of another batch size cuts its own from them (assemble.py).
 A dataset served by its sample spec (spec.py: ``coordl serve --dataset`` without
 --size) is also compared by it: a job whose dataset's samples have another
 shape or dtype (built with other arguments, e.g. AudioFolder(seconds=...))
@@ -54,6 +57,8 @@ def mismatch(msg: p.Hello, dataset, plan: Plan, spec: SampleSpec | None = None) 
             ("transform", msg.transform, transform), ("size", msg.size, size),
             ("batch_size", msg.batch_size, plan.batch_size), ("shuffle", msg.shuffle, plan.shuffle),
             ("drop_last", msg.drop_last, plan.drop_last)):
+        if name in ("batch_size", "drop_last") and not plan.drop_last:
+            continue  # the daemon's chunks cover every epoch: a job cuts batches of its own (assemble.py)
         if job_value != ours:
             diffs.append(f"{name}={job_value!r} (job) != the daemon's {name}={ours!r} "
                          f"({_flag(name, ours)})")
@@ -69,6 +74,9 @@ def mismatch(msg: p.Hello, dataset, plan: Plan, spec: SampleSpec | None = None) 
     fix = "give the job the daemon's values"
     if serve_with:
         fix += f", or serve the job's with another daemon (coordl serve {' '.join(serve_with)})"
+    if plan.drop_last and any(s.startswith(("--batch-size", "--keep-last")) for s in serve_with):
+        fix += ("; a daemon started with --keep-last (the default) serves jobs of every batch size "
+                "and drop_last")
     things = "1 thing that changes" if len(diffs) == 1 else f"{len(diffs)} things that change"
     return (f"the job differs from the coordinator in {things} a batch: {'; '.join(diffs)}. "
             f"To attach, {fix}")

@@ -21,6 +21,8 @@ Who sends what (request -> reply):
                        Begin        -> EpochStart | Refused      (start the job's next epoch)
                        Next         -> Ready | EndOfEpoch | BatchFailed (a `Failure`)
                        Release      (no reply: the job is done with that batch's slot)
+                       Pause        (no reply: the job gave up the rest of its epoch, its
+                                     iterator dropped; it holds and needs nothing until Begin)
                        Bye          (no reply: detach now)
     any -> daemon      Status       -> StatusReply
     daemon -> job      Detached, ShuttingDown   (unsolicited, then the daemon closes the socket)
@@ -44,7 +46,7 @@ import msgpack
 
 from coordl.errors import ConfigError, CoordinatorError, SampleError, item_of
 
-VERSION = 5  # 3: Resume/Resumed; 4: BatchFailed carries a Failure; 5: sample specs, kind "config"
+VERSION = 6  # 3: Resume/Resumed; 4: BatchFailed carries a Failure; 5: sample specs, kind "config"; 6: Pause
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 1024      # bytes of one frame the daemon accepts from a client
 MAX_REPLY = 4 * 1024 * 1024  # bytes of one frame a client accepts from the daemon
@@ -226,6 +228,13 @@ class Release(Message):
 
 
 @dataclass(frozen=True)
+class Pause(Message):
+    """The job's iterator was dropped mid-epoch (a `break`): it gives up the rest of the epoch and
+    holds and needs no batch until its next Begin (scheduler.py `pause`)."""
+    TYPE: ClassVar[str] = "pause"
+
+
+@dataclass(frozen=True)
 class Bye(Message):
     TYPE: ClassVar[str] = "bye"
 
@@ -386,7 +395,7 @@ class PrepFailed(Message):
         return Failure(self.kind, self.error, self.item, self.file, self.traceback)
 
 
-TO_DAEMON = _registry(Hello, Resume, Begin, Next, Release, Bye, Status)
+TO_DAEMON = _registry(Hello, Resume, Begin, Next, Release, Pause, Bye, Status)
 TO_JOB = _registry(Welcome, Resumed, Refused, EpochStart, Ready, EndOfEpoch, BatchFailed, Detached,
                    ShuttingDown, StatusReply)
 TO_WORKER = _registry(PrepTask)

@@ -42,8 +42,15 @@ without processes:
   producer has work to do, that has made no progress (no request, no
   release) for `straggler_timeout` seconds; the daemon detaches it. Nobody
   is a straggler while the join window holds the batches back.
+- A job whose iterator was dropped mid-epoch (a `break`, client.py) sends Pause
+  (`pause`): it gives up the rest of the epoch as a Begin would, releases what
+  it holds and needs nothing until its next Begin, so a dropped iterator never
+  holds the ring while the job (or another loader in its process) goes on.
 - With --epochs the daemon is done once a group has started and no job is
-  attached any more (`finished`).
+  attached any more (`finished`), unless a job left with epochs to go (a
+  preempted job, to be resumed from its checkpoint): then it waits up to
+  --linger seconds from that departure for a job to resume (Resume), and
+  each resume settles one such departure.
 """
 
 from __future__ import annotations
@@ -71,9 +78,15 @@ class Job:
     holding: set[int] = field(default_factory=set[int])  # batch indices handed out, not released
     resume_epoch: int | None = None  # resumed mid-epoch: the epoch its first Begin continues
     begun: bool = False            # it has sent Begin (too late to resume)
+    paused: bool = False           # its iterator was dropped mid-epoch: it needs nothing until Begin
 
     def needs(self, index: int) -> bool:
-        return self.cursor <= index and (self.end is None or index < self.end)
+        return (not self.paused and self.cursor <= index
+                and (self.end is None or index < self.end))
+
+    def unfinished(self) -> bool:
+        """It has epochs to go (with --epochs): leaving now, it may come back to resume."""
+        return self.end is not None and self.cursor < self.end
 
 
 class Scheduler:
@@ -87,6 +100,8 @@ class Scheduler:
         self.last_attach = 0.0       # when the last job of the gathering group attached
         self.started = False         # some group's window has closed (batches were handed out)
         self.full_since: float | None = None  # when the producer last found no free slot
+        self.owed = 0                # jobs that left with epochs to go and have not resumed since
+        self.owed_since = 0.0        # when the last of them left
         self._next_id = 1
 
     # -- jobs --
@@ -128,6 +143,7 @@ class Scheduler:
         end = self.plan.end_batch(start_epoch)
         if batches and end is not None and self.plan.first_batch(epoch) >= end:
             return self._had_its_epochs(start_epoch)
+        self.owed = max(0, self.owed - 1)  # a job that left with epochs to go came back
         job.start_epoch, job.end = start_epoch, end
         job.cursor = self.plan.first_batch(epoch) + batches
         job.resume_epoch = epoch if batches else None
@@ -153,9 +169,12 @@ class Scheduler:
         for _index, slot in self._run(job):
             self.slots.hold(slot, job.id)
 
-    def detach(self, job_id: int) -> None:
-        if self.jobs.pop(job_id, None) is not None:
+    def detach(self, job_id: int, now: float = 0.0) -> None:
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
             self._freed(self.slots.drop(job_id))
+            if job.begun and job.unfinished():  # preempted: it may resume (`finished` waits)
+                self.owed, self.owed_since = self.owed + 1, now
         if not self.jobs:
             self.gathering = False
 
@@ -178,7 +197,7 @@ class Scheduler:
 
     def begin(self, job_id: int, now: float) -> p.Message:
         job = self.jobs[job_id]
-        job.last_progress, job.waiting, job.begun = now, False, True
+        job.last_progress, job.waiting, job.begun, job.paused = now, False, True, False
         bpe = self.plan.batches_per_epoch
         if job.epoch is None and job.resume_epoch is not None:  # resumed: the rest of that epoch
             epoch, job.resume_epoch = job.resume_epoch, None
@@ -194,6 +213,15 @@ class Scheduler:
         self._extend(job)  # what it holds from its new cursor on
         job.epoch, job.epoch_end = epoch, job.cursor + bpe
         return p.EpochStart(epoch, bpe)
+
+    def pause(self, job_id: int, now: float) -> None:
+        """The job's iterator was dropped mid-epoch: it gives up the rest of the epoch (as a Begin
+        would), lets go of every batch it holds and needs none until its next Begin."""
+        job = self.jobs[job_id]
+        job.last_progress, job.waiting = now, False  # its cursor stays: the epoch is given up at
+        job.holding.clear()                          # Begin, and a job that leaves now has epochs to go
+        job.paused = True
+        self._freed(self.slots.drop(job.id))
 
     def _had_its_epochs(self, start_epoch: int) -> p.Message:
         n = self.plan.epochs or 0  # called only when the plan has a limit
@@ -216,7 +244,7 @@ class Scheduler:
         """The reply to Next, or None when the job must wait for the batch."""
         job = self.jobs[job_id]
         job.last_progress = now
-        if job.epoch is None:
+        if job.epoch is None or job.paused:
             return p.Refused("Next before Begin: start an epoch first")
         if job.cursor >= job.epoch_end:
             epoch, job.epoch = job.epoch, None
@@ -323,9 +351,13 @@ class Scheduler:
         return [j for j in holders
                 if now - max(self.jobs[j].last_progress, self.full_since) > timeout]
 
-    def finished(self) -> bool:
-        """With --epochs: a group has started and every job has left, so the daemon is done."""
-        return self.plan.epochs is not None and self.started and not self.jobs
+    def finished(self, now: float = 0.0, linger: float = 0.0) -> bool:
+        """With --epochs: a group has started and every job has left, so the daemon is done; but
+        while a job that left with epochs to go has not resumed, only `linger` seconds after the
+        last such departure."""
+        if self.plan.epochs is None or not self.started or self.jobs:
+            return False
+        return self.owed == 0 or now - self.owed_since >= linger
 
     def job_status(self, job: Job, now: float) -> dict[str, Any]:
         bpe = self.plan.batches_per_epoch
@@ -338,4 +370,5 @@ class Scheduler:
             "batch": None if epoch is None else job.cursor - self.plan.first_batch(epoch),
             "batches_per_epoch": bpe, "holding": sorted(job.holding), "waiting": job.waiting,
             "batches": job.batches, "idle_s": round(now - job.last_progress, 3),
+            "paused": job.paused,                                  # its iterator was dropped mid-epoch
         }

@@ -40,6 +40,7 @@ a user's subclass overrides at most `read_many`.
 from __future__ import annotations
 
 import copy
+import os
 import random
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -357,7 +358,7 @@ class CoordlDataset(torch.utils.data.Dataset):
         brackets when there are any, and size 0 (the daemon's)."""
         cls = type(self)
         settings = self.served_settings()
-        return repr(self)[:200], f"{cls.__module__}:{cls.__qualname__}" + (f" [{settings}]" if settings else ""), 0
+        return describe(self), f"{cls.__module__}:{cls.__qualname__}" + (f" [{settings}]" if settings else ""), 0
 
     def served_settings(self) -> str:
         """Optional: the arguments that change what `prep` returns but neither the bytes
@@ -485,6 +486,27 @@ def _describe(sample: Any) -> str:
     shape = getattr(sample, "shape", None)
     return f"{type(sample).__name__} {tuple(shape)} {getattr(sample, 'dtype', '')}".strip() \
         if shape is not None else type(sample).__name__
+
+
+_PLAIN = (str, int, float, bool, os.PathLike)
+
+
+def describe(dataset: Any, args: dict | None = None) -> str:
+    """How `coordl status` and a refusal name a dataset: its own repr when its class writes one, else
+    ``module:Class(name=value, ...)`` with `args` (the daemon's --dataset-args) or, for a job's
+    dataset, its public attributes of plain types (str, numbers, paths; seed and on_error last),
+    never ``<module.Class object at 0x...>``. At most 200 characters."""
+    cls = type(dataset)
+    if args is None and cls.__repr__ is not object.__repr__:
+        text = repr(dataset)
+    else:
+        if args is None:
+            attrs = {k: v for k, v in vars(dataset).items() if not k.startswith("_") and isinstance(v, _PLAIN)}
+            args = {k: v for k, v in attrs.items() if k not in ("seed", "on_error", "epoch")}
+            args.update((k, attrs[k]) for k in ("seed", "on_error") if k in attrs)
+        inner = ", ".join(f"{k}={v!r}" for k, v in args.items())
+        text = f"{cls.__module__}:{cls.__qualname__}({inner})"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def from_import_path(spec: str, args: dict | None, seed: int, on_error: str) -> CoordlDataset:

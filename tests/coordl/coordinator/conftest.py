@@ -183,7 +183,12 @@ class Job:
                 self._pending += chunk
         if self.proc.poll() is None:
             self.proc.kill()
-        pytest.fail(f"job never printed {text!r}; stderr: {self.proc.stderr.read()}")
+        try:
+            with open(self.out) as f:
+                said = f.read()
+        except FileNotFoundError:
+            said = "(no result)"
+        pytest.fail(f"job never printed {text!r}; stderr: {self.proc.stderr.read()}; result: {said[:2000]}")
 
     def result(self, timeout: float = 120.0) -> dict:
         self.proc.wait(timeout)

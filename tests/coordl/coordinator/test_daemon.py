@@ -91,7 +91,8 @@ def test_a_job_attaching_in_epoch_1_gets_all_its_epochs_then_the_daemon_stops(
 
 
 def test_sigkill_of_one_job_leaves_the_others_running(tiny_root, serve, jobs):
-    served = serve(tiny_root, epochs=2, min_jobs=3, slots=3)
+    # --linger 0: the killed job left with epochs to go, and is not waited for
+    served = serve(tiny_root, epochs=2, min_jobs=3, slots=3, linger=0)
     running = [jobs(tiny_root, served, sleep=0.05) for _ in range(3)]
     running[1].wait_for("batch 0 3")
     running[1].proc.kill()
@@ -100,6 +101,7 @@ def test_sigkill_of_one_job_leaves_the_others_running(tiny_root, serve, jobs):
     assert running[1].proc.wait() == -signal.SIGKILL
     assert "detached: its socket closed" in served.log_text()
     assert served.wait() == 0
+    assert "no job resumed within --linger 0 s after 1 left with epochs to go" in served.log_text()
     assert served.segments_left() == []
     assert not os.path.exists(served.socket)
     assert alive(served.workers) == []

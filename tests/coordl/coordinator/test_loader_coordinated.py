@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import socket
 import struct
 import sys
+import time
 import warnings
 
 import msgpack
@@ -82,14 +84,11 @@ def test_drop_last_and_len(tiny_root, serve):
     (dict(seed=5), ["seed=5 (job) != the daemon's seed=0 (--seed 0)", "coordl serve --seed 5"]),
     (dict(on_error="skip"), ["on_error='skip' (job) != the daemon's on_error='raise' "
                              "(--on-error raise)", "coordl serve --on-error skip"]),
-    (dict(batch_size=8), ["batch_size=8 (job) != the daemon's batch_size=4 (--batch-size 4)"]),
     (dict(size=48), ["size=48 (job) != the daemon's size=32 (--size 32)"]),
     (dict(transform="val"), ["transform='val' (job) != the daemon's transform='train' "
                              "(--transform train)"]),
     (dict(shuffle=False), ["shuffle=False (job) != the daemon's shuffle=True (--shuffle)",
                            "coordl serve --no-shuffle"]),
-    (dict(drop_last=True), ["drop_last=True (job) != the daemon's drop_last=False (--keep-last)",
-                            "coordl serve --drop-last"]),
 ])
 def test_every_difference_that_changes_a_batch_is_refused_naming_it(tiny_root, shared_serve, change, words):
     served = shared_serve
@@ -204,6 +203,82 @@ def test_epochs_run_out(tiny_root, serve):
     with pytest.raises(coordl.CoordinatorError, match="this job has had its 1 epochs"):
         iter(loader)
     assert served.wait() == 0  # nobody attached, nothing left to serve
+
+
+def _until(predicate, what: str, timeout: float = 30.0) -> None:
+    """Wait (polling the daemon) until `predicate()` holds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"never happened: {what}")
+        time.sleep(0.05)
+
+
+def test_a_loader_left_by_break_and_del_detaches_and_the_next_one_runs(tiny_root, serve):
+    served = serve(tiny_root, slots=2)
+    gc.disable()  # dropping the last reference must detach, not a garbage collection later
+    try:
+        first = _loader(tiny_root, served)
+        for k, _batch in enumerate(first):
+            if k == 2:
+                break
+        del first
+        _until(lambda: not served.status()["jobs"], "the dropped loader detached")
+        second = _loader(tiny_root, served, timeout=20)  # it ran into the first one's ring before
+        assert sorted(i for b in second for i in b.indices.tolist()) == list(range(40))
+        second.coordinator.close()
+    finally:
+        gc.enable()
+
+
+def test_an_abandoned_iterator_lets_go_of_the_ring_and_its_loader_goes_on(tiny_root, serve):
+    served = serve(tiny_root, slots=2)
+    loader = _loader(tiny_root, served)
+    for k, _batch in enumerate(loader):
+        if k == 2:
+            break
+    # the loader lives on, its iterator is gone: its job holds nothing until its next epoch
+    _until(lambda: served.status()["jobs"][0]["paused"], "the job paused")
+    assert served.status()["jobs"][0]["holding"] == []
+    other = _loader(tiny_root, served, timeout=20)
+    assert sorted(i for b in other for i in b.indices.tolist()) == list(range(40))
+    assert other.epoch == 1  # epoch 0 was under way when it attached
+    other.coordinator.close()
+    plan = Plan(40, 4)
+    batches = [b.indices.tolist() for b in loader]  # the next epoch, whole, though the others went on
+    assert loader.epoch == 1
+    assert batches == [plan.batch(10 + k).tolist() for k in range(10)]
+    loader.coordinator.close()
+
+
+def test_a_job_that_leaves_with_epochs_to_go_is_waited_for_and_resumes(tiny_root, serve):
+    served = serve(tiny_root, epochs=1)
+    loader = _loader(tiny_root, served)
+    it = iter(loader)
+    seen = [next(it).indices.tolist() for _ in range(3)]
+    state = loader.state_dict()  # preempted after 3 of 10 batches
+    del it
+    loader.coordinator.close()
+    _until(lambda: served.status()["owed"] == 1, "the daemon counted the preempted job")
+    assert served.proc.poll() is None and not served.status()["jobs"]
+    resumed = _loader(tiny_root, served)  # as in a new process: the same state
+    resumed.load_state_dict(state)
+    assert served.status()["owed"] == 0
+    rest = [b.indices.tolist() for b in resumed]
+    plan = Plan(40, 4)
+    assert seen + rest == [plan.batch(k).tolist() for k in range(10)]
+    resumed.coordinator.close()
+    assert served.wait() == 0  # its one epoch done: the daemon stops at once
+    assert "every job has had its 1 epochs and left" in served.log_text()
+
+
+def test_a_daemon_stops_linger_seconds_after_a_job_left_with_epochs_to_go(tiny_root, serve):
+    served = serve(tiny_root, epochs=1, linger=0.5)
+    loader = _loader(tiny_root, served)
+    next(iter(loader))
+    loader.coordinator.close()
+    assert served.wait() == 0
+    assert "no job resumed within --linger 0.5 s after 1 left with epochs to go" in served.log_text()
 
 
 def test_daemon_refuses_garbage_and_keeps_serving(tiny_root, shared_serve):

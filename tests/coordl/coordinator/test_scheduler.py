@@ -239,6 +239,44 @@ def test_finished_once_a_group_started_and_every_job_left():
     assert not make().finished()  # without --epochs: until stopped
 
 
+def test_a_job_that_leaves_with_epochs_to_go_is_waited_for_until_it_resumes_or_linger_passes():
+    s = make(epochs=1)
+    a = attach(s, 1)
+    s.begin(a.id, 0)
+    fill(s)
+    assert [take(s, a), take(s, a)] == [0, 1]  # 2 of its 3 batches: preempted
+    s.detach(a.id, now=10)
+    assert s.owed == 1
+    assert not s.finished(now=10, linger=60) and not s.finished(now=69.9, linger=60)
+    assert s.finished(now=70, linger=60)  # nobody came back within --linger
+    back = attach(s, 2, now=20)  # the job again, in a new process, from its checkpoint
+    assert s.resume(back.id, 0, 2, 0) == p.Resumed(0, 0, 2)
+    assert s.owed == 0
+    s.begin(back.id, 20)
+    fill(s, 20)
+    assert [take(s, back, 20), take(s, back, 20)] == [2, p.EndOfEpoch(0)]
+    s.detach(back.id, now=21)
+    assert s.owed == 0 and s.finished(now=21, linger=60)  # it had its epoch: done at once
+
+
+def test_a_paused_job_holds_and_needs_nothing_until_its_next_begin():
+    s = make(items=16, slots=2)
+    a, b = attach(s, 1), attach(s, 2)
+    s.begin(a.id, 0)
+    s.begin(b.id, 0)
+    fill(s)
+    assert isinstance(s.next(a.id, 0), p.Ready)  # a holds batch 0 and its run (batch 1)
+    s.pause(a.id, 0)  # its iterator was dropped mid-epoch
+    assert s.job_status(a, 0)["paused"] and a.holding == set()
+    assert all(a.id not in h for h in s.slots.holders)
+    assert isinstance(s.next(a.id, 0), p.Refused)  # no batch before its next Begin
+    assert [take(s, b) for _ in range(5)] == [0, 1, 2, 3, p.EndOfEpoch(0)]  # not held back by a
+    assert s.begin(a.id, 0) == p.EpochStart(1, 4)  # the rest of epoch 0 given up
+    assert not a.paused
+    s.detach(b.id)  # (b between epochs holds epoch 1's first batches, as any job in step)
+    assert [take(s, a) for _ in range(5)] == [4, 5, 6, 7, p.EndOfEpoch(1)]
+
+
 # -- resume (client.py load_state_dict): a job moved to a checkpoint's batch --
 class Sim:
     """Jobs that take batches in turns, each released at once; the producer publishes at once."""

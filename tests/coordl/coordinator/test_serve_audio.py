@@ -184,6 +184,7 @@ def test_user_float32_vectors_are_served_to_two_jobs(tmp_path, daemons):
     vectors = _vectors_class()(22, seed=SEED)
     st = _two_jobs_get_the_local_batches(tmp_path, daemons, "vectors:Vectors", {"items": 22}, vectors, 22)
     assert (st["sample_shape"], st["sample_dtype"]) == ([4], "float32")
+    assert st["data"] == "vectors:Vectors(items=22)"  # its class and arguments, not <... object at 0x...>
 
 
 def test_a_job_whose_samples_differ_is_refused_naming_both(daemons, audio_root):

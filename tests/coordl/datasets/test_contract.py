@@ -496,3 +496,10 @@ def test_read_many_that_forgets_an_item_or_gives_no_bytes_is_a_config_error(exam
 def test_the_default_read_many_calls_read_for_each_item(example):
     ds = example.TarImages(example.tar)
     assert ds.read_many([4, 2]) == {4: ds.read(4), 2: ds.read(2)}
+
+
+def test_a_dataset_without_a_repr_is_named_by_its_class_and_arguments(example):
+    """What `coordl status` and a coordinator's refusal show for a user's dataset (was
+    '<contract_example.TarImages object at 0x...>')."""
+    ds = example.TarImages(example.tar, seed=3)
+    assert ds.served_as()[0] == f"contract_example:TarImages(path={example.tar!r}, seed=3, on_error='raise')"

@@ -1,0 +1,108 @@
+"""Jobs of their own batch size and drop_last at one daemon (assemble.py): each gets the batches
+of a local coordl.DataLoader with its batch size over the same plan, byte for byte, while the
+daemon prepares every item once per epoch for all of them."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+
+import pytest
+
+import coordl
+from coordl.coordinator.assemble import Cut
+
+N = 40  # tiny_root's images
+JOB_SIZES = [(3, False), (6, True), (16, False)]  # (batch_size, drop_last): 3 below, 16 above the 4-chunk
+
+
+def _digest(images, labels) -> str:
+    h = hashlib.sha256()
+    for t in (images.contiguous(), labels):
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def _local(root, batch_size, drop_last, epoch) -> list[str]:
+    """Digests of a local loader's batches of `epoch` (job_main.py's digest)."""
+    ds = coordl.ImageFolder(root, transform="train", size=32, seed=0)
+    loader = coordl.DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=drop_last)
+    loader.set_epoch(epoch)
+    return [_digest(x, y) for x, y in loader]
+
+
+def _matches_local(root, result, batch_size, drop_last, epochs) -> None:
+    assert result["error"] is None, result["error"]
+    assert result["batches_per_epoch"] == Cut(N, 4, batch_size, drop_last).batches_per_epoch
+    assert len(result["epochs"]) == epochs
+    for record in result["epochs"]:
+        assert record["digests"] == _local(root, batch_size, drop_last, record["epoch"]), (batch_size, drop_last)
+
+
+def test_cut_positions_and_resume_points():
+    cut = Cut(40, 4, 6, drop_last=True)
+    assert cut.batches_per_epoch == 6 and cut.span(5) == (30, 36)
+    assert cut.start(3) == (4, 2)  # after 18 samples: chunk 4, its first 2 rows had
+    assert cut.start(6) == (10, 0)  # the epoch had whole
+    keep = Cut(40, 4, 16, drop_last=False)
+    assert keep.batches_per_epoch == 3 and keep.span(2) == (32, 40) and keep.chunk_span(9) == (36, 40)
+
+
+def test_mixed_batch_sizes_get_the_local_batches_and_each_item_is_decoded_once_per_epoch(tiny_root, serve, jobs):
+    served = serve(tiny_root, epochs=2, min_jobs=3, slots=3)  # 3 chunks of 4: less than one batch of 16
+    running = [jobs(tiny_root, served, batch_size=b, drop_last=d) for b, d in JOB_SIZES]
+    results = [job.result() for job in running]
+    for (b, d), result in zip(JOB_SIZES, results):
+        _matches_local(tiny_root, result, b, d, epochs=2)
+        assert [e["epoch"] for e in result["epochs"]] == [0, 1]
+    assert max(r["status"]["decodes"] for r in results) == 2 * N  # once per item and epoch, for all three
+    assert served.wait() == 0  # each had its 2 epochs (drop_last's tails released): no linger
+    assert served.segments_left() == []
+
+
+def test_a_killed_job_and_a_late_job_of_other_batch_sizes(tiny_root, serve, jobs):
+    served = serve(tiny_root, min_jobs=2, slots=3)
+    steady = jobs(tiny_root, served, batch_size=6, drop_last=True, epochs=3, sleep=0.02)
+    doomed = jobs(tiny_root, served, batch_size=16, epochs=3)
+    doomed.wait_for("batch 0 1")
+    doomed.proc.kill()
+    assert doomed.proc.wait() == -signal.SIGKILL
+    steady.wait_for("batch 0 2")
+    late = jobs(tiny_root, served, batch_size=3, epochs=1)  # attaches mid-epoch: starts at the next
+    _matches_local(tiny_root, steady.result(), 6, True, epochs=3)
+    result = late.result()
+    _matches_local(tiny_root, result, 3, False, epochs=1)
+    assert result["start_epoch"] >= 1
+
+
+def test_resume_at_a_batch_boundary_inside_a_chunk(tiny_root, serve):
+    served = serve(tiny_root)
+    ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=0)
+
+    def loader():
+        return coordl.DataLoader(ds, batch_size=6, shuffle=True, drop_last=True, timeout=60,
+                                 coordinator=served.address)
+
+    first = loader()
+    it = iter(first)
+    had = [_digest(*next(it)) for _ in range(3)]  # 18 samples: inside chunk 4 (16-19)
+    state = first.state_dict()
+    assert (state["epoch"], state["batches"]) == (0, 3)
+    del it
+    first.coordinator.close()
+    again = loader()  # a new job (as a new process would be), alone at the daemon
+    again.load_state_dict(state)
+    rest = [_digest(x, y) for x, y in again]
+    assert again.epoch == 0 and had + rest == _local(tiny_root, 6, True, 0)
+    assert again.state_dict()["epoch"] == 1  # the epoch had whole
+    again.coordinator.close()
+
+
+def test_a_drop_last_daemon_refuses_another_batch_size_naming_keep_last(tiny_root, serve):
+    served = serve(tiny_root, drop_last=True)
+    ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=0)
+    with pytest.raises(coordl.CoordinatorError, match="--keep-last .* serves jobs of every batch size"):
+        coordl.DataLoader(ds, batch_size=6, shuffle=True, drop_last=True, coordinator=served.address)
+    same = coordl.DataLoader(ds, batch_size=4, shuffle=True, drop_last=True, coordinator=served.address)
+    assert len(same) == 10
+    same.coordinator.close()
