@@ -76,7 +76,7 @@ def validation_notes(validation: list[dict], steps: int, repeats: int) -> list[s
             continue
         c = v["config"]
         out.append(f"VALIDATION OUTSIDE ITS TOLERANCE: at {c['cache_fraction']:.0%} cached, {c['workers']} workers "
-                   f"the model predicted {v['predicted']:.0f}/s and {v['measured']:.0f}/s was measured "
+                   f"the model predicted {v['predicted']:.1f}/s and {v['measured']:.1f}/s was measured "
                    f"({v['error_pct']:+.1f}%, tolerance {CHECK_TOLERANCE:.0%}): the predictions of this profile "
                    f"are not checked to {CHECK_TOLERANCE:.0%}. Short, noisy runs are the usual cause ({steps} timed "
                    f"steps, {repeats} round{'s' if repeats > 1 else ''}): pass more --steps (13 or more, with "

@@ -83,7 +83,7 @@ def fit_counts(counts: list[int], values: list[float]) -> tuple[float, ...]:
     starting at 1): the measured ones as they are, the others linear between their neighbours."""
     if not counts or counts[0] != 1 or len(counts) != len(values) or counts != sorted(set(counts)):
         raise ValueError(f"counts {counts} must ascend from 1, one value each ({len(values)} values)")
-    out = []
+    out: list[float] = []
     for lo, hi, a, b in zip(counts, counts[1:], values, values[1:]):
         out += [a + (b - a) * (w - lo) / (hi - lo) for w in range(lo, hi)]
     return tuple(out + [values[-1]])

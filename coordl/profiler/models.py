@@ -20,7 +20,9 @@ forward, backward and an SGD step, and returns the loss (a detached scalar).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -112,7 +114,7 @@ def build(name: str, num_classes: int) -> nn.Module:
 
 def _torchvision_model(name: str, num_classes: int) -> nn.Module:
     try:
-        import torchvision.models as tvm
+        tvm: Any = importlib.import_module("torchvision.models")  # an optional extra: coordl[torchvision]
     except (ImportError, RuntimeError, OSError, AttributeError) as e:  # missing, or built for another torch
         raise ConfigError(
             f"model={name!r} is not a built-in model ({', '.join(MODELS)}), and torchvision models need "
