@@ -9,7 +9,12 @@ to drop. `drop` of one named segment is the exception, and the kernel decides
 Stale: a segment is superseded when a newer segment in the folder was made
 for the same dataset root (the label) with another fingerprint, i.e. the
 dataset changed and its loaders moved on. `coordl cache ls` marks it stale
-and `coordl cleanup` removes it once nothing is attached.
+and `coordl cleanup --caches` removes it once nothing is attached.
+
+Cleanup: a cache is meant to outlive its loader (the next job over the same
+dataset hits at once), so a complete cache is removed only when asked
+(`cleanup`, i.e. ``coordl cleanup --caches``). What is dead is always removed
+(`cleanup_half_built`: a segment whose builder died before publishing it).
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from coordl.errors import CacheError
 
 from . import shm
 from .layout import Segment
+from .shm import Removed
+
+CACHE = "cache segment"
+HALF_BUILT = "half-built cache segment"
 
 
 @dataclass(frozen=True)
@@ -164,17 +173,23 @@ def _removable(info: CacheInfo) -> bool:
     return (info.stale or not info.creator_alive) and not info.attached
 
 
-def cleanup(directory: str = shm.SHM_DIR) -> list[str]:
-    """Remove this user's segments that nothing is attached to and whose creator is dead or that
-    are superseded (stale), and half-built segments whose builder died. Returns the names removed.
-    Other users' segments are never touched (`foreign` lists them)."""
+def removable(directory: str = shm.SHM_DIR) -> list[CacheInfo]:
+    """This user's caches `cleanup` would remove now (creator dead or superseded, nothing attached)."""
+    return [info for info in list_caches(directory) if _removable(info)]
+
+
+def cleanup_half_built(directory: str = shm.SHM_DIR) -> list[Removed]:
+    """Remove this user's half-built segments whose builder died (never published, never usable)."""
+    return [Removed(HALF_BUILT, path) for path in (os.path.join(directory, n) for n in shm.stale_tmp_files(directory))
+            if shm.unlink(path)]
+
+
+def cleanup(directory: str = shm.SHM_DIR) -> list[Removed]:
+    """Remove this user's cache segments that nothing is attached to and whose creator is dead or
+    that are superseded (stale): warm caches a later job could still use, so only when asked
+    (``coordl cleanup --caches``). Other users' segments are never touched (`foreign` lists them)."""
     removed = []
-    for name in shm.stale_tmp_files(directory):
-        if shm.unlink(os.path.join(directory, name)):
-            removed.append(name)
-    for info in list_caches(directory):
-        if not _removable(info):
-            continue
+    for info in removable(directory):
         path = os.path.join(directory, info.name)
         try:
             fd = os.open(path, os.O_RDWR)
@@ -185,7 +200,7 @@ def cleanup(directory: str = shm.SHM_DIR) -> list[str]:
             again = _read(directory, info.name)  # attachers may have come before the lock
             if shm.nobody_attached(fd) and (info.stale or not again.creator_alive) and not again.attached:
                 os.unlink(path)
-                removed.append(info.name)
+                removed.append(Removed(CACHE, path))
         except (OSError, CacheError):
             continue  # gone meanwhile, or no longer a segment we can read: leave it
         finally:

@@ -44,6 +44,7 @@ import pwd
 import socket
 import stat
 import struct
+from dataclasses import dataclass
 
 from coordl.errors import CacheError, ConfigError, CoordlError
 
@@ -212,6 +213,13 @@ def alive(pid: int, start: int) -> bool:
 
 
 # -- listing and owners ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Removed:
+    """One thing a cleaner removed (`coordl cleanup` prints it and counts it by kind and folder)."""
+    kind: str   # what it was: "cache segment", "half-built cache segment", "coordinator segment", ...
+    path: str   # where it was
+
 
 def list_names(directory: str = SHM_DIR, prefix: str = PREFIX, building: bool = False) -> list[str]:
     """Names in `directory` that start with `prefix`, sorted; those still being built

@@ -19,6 +19,9 @@ the transform and the item's generator (`pipelines/crop.py`'s `item_rng(seed, ep
   last frame, so that a cut-short file is refused whatever window was drawn;
   damage inside the file but outside the window is not seen (soundfile itself
   would only see it when decoding those frames).
+- A WAV cut short is refused before decoding (`wav_cut_short`): libsndfile takes a
+  data chunk that declares more bytes than the file holds at the file's word and
+  reads the shorter clip, which the window would zero-pad.
 
 Pipelines know samples, never where bytes come from: errors raised here name
 the problem and leave the file name to the dataset (coordl/datasets/audio.py).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import io
 import math
 import random
+import struct
 
 import numpy as np
 
@@ -112,6 +116,11 @@ def window(raw, sample_rate: int, length: int, transform: str, rng: random.Rando
     file with n channels or repeats a mono one (anything else is a SampleError).
     """
     sf = soundfile()
+    cut = wav_cut_short(raw)
+    if cut is not None:
+        declared, held, size = cut
+        raise SampleError(f"truncated WAV: its data chunk declares {declared} bytes and the file "
+                          f"({size} bytes) holds {held} of them (a cut-short copy or download?)")
     try:
         with sf.SoundFile(io.BytesIO(raw)) as f:
             rate, frames, file_channels = int(f.samplerate), int(f.frames), int(f.channels)
@@ -145,6 +154,29 @@ def window(raw, sample_rate: int, length: int, transform: str, rng: random.Rando
         out[:, len(data):] = 0
     out[:, :len(data)] = data.T
     return out
+
+
+def wav_cut_short(raw) -> tuple[int, int, int] | None:
+    """(bytes the data chunk declares, bytes of it the file holds, file size) of a RIFF/WAVE file
+    whose data chunk runs past the end of the file; None for a whole WAV or any other file.
+
+    Walks the chunks up to ``data``. A declared size of 0 or 0xFFFFFFFF (a writer that
+    streamed and never came back to the header) says nothing and is left to libsndfile.
+    """
+    view = memoryview(raw)
+    if len(view) < 12 or bytes(view[8:12]) != b"WAVE" or bytes(view[:4]) not in (b"RIFF", b"RIFX"):
+        return None
+    order = "<" if bytes(view[:4]) == b"RIFF" else ">"
+    pos = 12
+    while pos + 8 <= len(view):
+        chunk = bytes(view[pos:pos + 4])
+        (size,) = struct.unpack_from(order + "I", view, pos + 4)
+        pos += 8
+        if chunk == b"data":
+            held = len(view) - pos
+            return (size, held, len(view)) if size not in (0, 0xFFFFFFFF) and size > held else None
+        pos += size + (size & 1)  # chunks are padded to an even length
+    return None
 
 
 def _need_soxr(rate: int, sample_rate: int):
@@ -182,4 +214,4 @@ def _reason(e: Exception) -> str:
     return text.split(": ", 1)[-1] if text.startswith("Error opening") else text
 
 
-__all__ = ["TRANSFORMS", "resample", "soundfile", "window", "window_length", "window_offset"]
+__all__ = ["TRANSFORMS", "resample", "soundfile", "wav_cut_short", "window", "window_length", "window_offset"]

@@ -34,8 +34,13 @@ def stale_segments(directory: str = shm.SHM_DIR) -> list[str]:
             and not segments.owner_alive(name)]
 
 
-def cleanup(directory: str = shm.SHM_DIR, dry_run: bool = False) -> list[str]:
-    """Remove dead daemons' segments and stale sockets; the paths removed (or that would be)."""
+SEGMENT = "coordinator segment"
+SOCKET = "coordinator socket"
+
+
+def cleanup(directory: str = shm.SHM_DIR, dry_run: bool = False) -> list[shm.Removed]:
+    """Remove dead daemons' segments and stale sockets (wherever the socket was); what was removed
+    (or would be)."""
     removed = []
     for name in stale_segments(directory):
         path = os.path.join(directory, name)
@@ -43,7 +48,7 @@ def cleanup(directory: str = shm.SHM_DIR, dry_run: bool = False) -> list[str]:
         if sock is not None and _stale_socket(sock):
             if not dry_run:
                 segments.unlink(sock)
-            removed.append(sock)
+            removed.append(shm.Removed(SOCKET, sock))
         if dry_run or segments.unlink(path):
-            removed.append(path)
+            removed.append(shm.Removed(SEGMENT, path))
     return removed

@@ -31,6 +31,7 @@ import torch
 from coordl.batch import PreparedBatch
 from coordl.buffers import new_shared
 from coordl.cache import storage
+from coordl.datasets import admission
 from coordl.datasets.imagefolder import _NO_COUNTERS, _ON_ERROR, CoordlDataset, _epoch_of
 from coordl.errors import ConfigError, SampleError
 from coordl.manifest.build import scan
@@ -164,19 +165,21 @@ class AudioFolder(CoordlDataset):
         hits = cache.get_many([int(i) for i in indices], self.counters) if hasattr(cache, "get_many") else None
         rows: list[np.ndarray] = []
         kept: list[int] = []
-        for i in indices:
-            i = int(i)
-            try:
-                raw = None if hits is None else hits.get(i)
-                if raw is None:
-                    raw = self.fetch(i) if hits is None else self._read(i)
-                rows.append(self.prep_window(raw, i, epoch))
-            except SampleError:
-                if self.on_error == "raise":
-                    raise
-                self.counters.add(errors_skipped=1)
-                continue
-            kept.append(i)
+        with admission.admitting(self):  # a read is cached once its prep succeeded
+            for i in indices:
+                i = int(i)
+                try:
+                    raw = None if hits is None else hits.get(i)
+                    if raw is None:
+                        raw = self.fetch(i) if hits is None else self._read(i)
+                    rows.append(self.prep_window(raw, i, epoch))
+                    admission.admit(self, i)  # its bytes, if just read, go to the cache now
+                except SampleError:
+                    if self.on_error == "raise":
+                        raise
+                    self.counters.add(errors_skipped=1)
+                    continue
+                kept.append(i)
         self.counters.add(samples=len(kept))
         waves = self._stack(rows, kept)
         targets = torch.from_numpy(self.manifest.labels[kept].astype(np.int64)) if self.target_transform is None \

@@ -14,8 +14,10 @@ so a subclass gets it without writing it:
 
 - ``fetch(i)``: the cache (``coordl.DataLoader(cache=...)``: MinIO or partitioned)
   -> on a miss `read` -> counted (``storage_reads``, ``storage_bytes``) -> offered to
-  the cache (``cache_inserts``). `fetch` is what every caller of a coordl dataset
-  may call; `read` is what a subclass writes.
+  the cache (``cache_inserts``) once the item's prep succeeded (inside a batch or
+  ``ds[i]``: coordl/datasets/admission.py), so bytes that do not decode never take
+  cache space. `fetch` is what every caller of a coordl dataset may call; `read` is
+  what a subclass writes.
 - ``fetch_many(items)``, a batch's fetch: the cache lookups for all its items, then ONE
   `read_many` call with the misses, then the counters and cache puts. `read_many` is
   optional: override it to read a batch's misses together (concurrently from object
@@ -50,6 +52,7 @@ import numpy as np
 import torch
 
 from coordl import names
+from coordl.datasets import admission
 from coordl.datasets.onerror import skip_or_raise
 from coordl.errors import ConfigError, SampleError, at_item
 from coordl.loader.binding import NO_COUNTERS, Binding, Counting
@@ -127,6 +130,7 @@ class CoordlDataset(torch.utils.data.Dataset):
     seed: int = 0           # order and augmentation seed: rng(i, epoch) is a function of (seed, epoch, i)
     on_error: str = "raise"  # a SampleError from read or prep: "raise", or "skip" (dropped and counted)
     epoch: int = 0          # the epoch `ds[i]` uses (the loader tags batches with theirs)
+    _held: dict[int, Any] | None = None  # reads waiting for their prep (coordl/datasets/admission.py)
 
     def __init__(self, *, seed: int = 0, on_error: str = "raise") -> None:
         """Optional: a subclass may call it to set (and check) `seed` and `on_error`."""
@@ -301,27 +305,32 @@ class CoordlDataset(torch.utils.data.Dataset):
         return raw
 
     def _stored(self, read: dict[int, Any]) -> None:
-        """Items just read from storage: counted, and offered to the cache."""
+        """Items just read from storage: counted, and offered to the cache (held until their prep
+        succeeded inside a batch: `admission.admitting`)."""
         if not read:
             return
         self.counters.add(storage_reads=len(read), storage_bytes=sum(len(raw) for raw in read.values()))
-        cache = self.cache
-        if cache is not None:
-            inserted = sum(1 for i, raw in read.items() if cache.put(i, raw))
-            if inserted:
-                self.counters.add(cache_inserts=inserted)
+        admission.offer(self, read)
 
     def _prep(self, raw, i: int, epoch: int) -> Any:
-        """`prep`, counted as one decode; its SampleError notes the item."""
+        """`prep`, counted as one decode; its SampleError notes the item. The item's bytes, if
+        just read and held, are offered to the cache once it returned (`admission.admit`)."""
         self.counters.add(decodes=1)
         try:
-            return self.prep(raw, i, epoch)
+            sample = self.prep(raw, i, epoch)
         except SampleError as e:
             raise at_item(e, i) from e.__cause__
+        admission.admit(self, i)
+        return sample
+
+    def _fetch_prep(self, i: int, epoch: int) -> Any:
+        """`_prep(fetch(i))`: item i's bytes are cached only if its prep succeeded."""
+        with admission.admitting(self):
+            return self._prep(self.fetch(i), i, epoch)
 
     def __getitem__(self, i: int):
         epoch = getattr(i, "epoch", None)
-        sample = self._prep(self.fetch(int(i)), int(i), self.epoch if epoch is None else epoch)
+        sample = self._fetch_prep(int(i), self.epoch if epoch is None else epoch)
         self.counters.add(samples=1)
         return sample
 
@@ -338,18 +347,20 @@ class CoordlDataset(torch.utils.data.Dataset):
 
     def _prep_batch(self, indices: Sequence[int], epoch: int) -> Iterator[tuple[int, Any]]:
         """(item, sample) of each item of a batch whose bytes could be read and prepped, in order:
-        the batch's bytes fetched together (`fetch_many`), a SampleError raised or counted and skipped."""
+        the batch's bytes fetched together (`fetch_many`), a SampleError raised or counted and skipped;
+        the bytes read from storage are cached as each item's prep succeeds (`admission`)."""
         items = [int(i) for i in indices]
-        raws, errors = self.fetch_many(items)
-        for i in items:
-            try:
-                if i in errors:
-                    raise errors[i]
-                sample = self._prep(raws[i], i, epoch)
-            except SampleError as e:
-                skip_or_raise(self.on_error, self.counters, e)
-                continue
-            yield i, sample
+        with admission.admitting(self):
+            raws, errors = self.fetch_many(items)
+            for i in items:
+                try:
+                    if i in errors:
+                        raise errors[i]
+                    sample = self._prep(raws[i], i, epoch)
+                except SampleError as e:
+                    skip_or_raise(self.on_error, self.counters, e)
+                    continue
+                yield i, sample
 
     # -- the coordinator daemon (coordl serve --dataset pkg.mod:Class) --
     def served_as(self) -> tuple[str, Any, Any]:
@@ -381,7 +392,7 @@ class CoordlDataset(torch.utils.data.Dataset):
         read), e.g. ``return (1, 16000), "float32"``."""
         for i in range(len(self)):
             try:
-                sample = self._prep(self.fetch(i), i, 0)
+                sample = self._fetch_prep(i, 0)
             except SampleError:
                 if self.on_error != "skip" or i + 1 >= min(len(self), _SPEC_TRIES):
                     raise

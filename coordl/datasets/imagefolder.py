@@ -36,7 +36,7 @@ from coordl import names
 from coordl.batch import PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
-from coordl.datasets import sources
+from coordl.datasets import admission, sources
 from coordl.datasets.base import CoordlDataset, cached, epoch_of
 from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
 from coordl.errors import ConfigError, SampleError, at_item
@@ -202,7 +202,6 @@ class ImageFolder(CoordlDataset):
 
     def _read(self, i: int, pending: concurrent.futures.Future | None = None) -> bytes:
         """Item i from storage (or the read `pending` started), offered to the cache."""
-        cache = self.cache
         path = self.manifest.path(i)
         try:
             if pending is None and self.objects is not None:
@@ -211,9 +210,7 @@ class ImageFolder(CoordlDataset):
                 else pending.result()
         except OSError as e:
             raise at_item(sample_error(path, f"cannot read the file ({e.strerror or e})", READABLE), i) from None
-        self.counters.add(storage_reads=1, storage_bytes=len(raw))
-        if cache is not None and cache.put(i, raw):
-            self.counters.add(cache_inserts=1)
+        self._stored({i: raw})  # counted; cached once its prep succeeded (admission.py)
         return raw
 
     def prep(self, raw, i: int, epoch: int | None = None, out: np.ndarray | None = None):
@@ -249,8 +246,15 @@ class ImageFolder(CoordlDataset):
         return label if self.target_transform is None else self.target_transform(label)
 
     def __getitem__(self, i: int):
-        sample = self.prep(self.fetch(i), i, self.epoch)
+        sample = self._fetch_prep(i, self.epoch)
         self.counters.add(samples=1)
+        return sample
+
+    def _fetch_prep(self, i: int, epoch: int) -> Any:
+        """`prep(fetch(i))`: item i's bytes are cached only if its prep succeeded (admission.py)."""
+        with admission.admitting(self):
+            sample = self.prep(self.fetch(i), i, epoch)
+            admission.admit(self, i)
         return sample
 
     def __getitems__(self, indices: Sequence[int]) -> list:
@@ -261,7 +265,7 @@ class ImageFolder(CoordlDataset):
         if self.transform not in _TRANSFORMS:
             out = []
             for i in indices:
-                sample = self._try(lambda i=i: self.prep(self.fetch(i), i, epoch))
+                sample = self._try(lambda i=i: self._fetch_prep(i, epoch))
                 if sample is not None:
                     out.append(sample)
             self.counters.add(samples=len(out))
@@ -300,25 +304,27 @@ class ImageFolder(CoordlDataset):
             pending = {} if hits is None else _read_ahead(self, [int(i) for i in indices if int(i) not in hits])
         self._start_ahead(getattr(indices, "ahead", None), epoch)
         row = 0
-        for i in indices:
-            i = int(i)
-            raw = None if hits is None else hits.get(i)
-            try:
-                if raw is None:
-                    raw = self.fetch(i) if hits is None else self._read(i, pending.pop(i, None))
-                self.prep_into(raw, i, epoch, images[row])
-            except SampleError as e:
-                skip_or_raise(self.on_error, self.counters, e)
-                continue
-            except Exception as e:  # not the item's fault; a prep worker's report names the item
-                at_item(e, i)
-                raise
-            labels[row] = self.manifest.labels[i]
-            if ids is not None:
-                ids[row] = i
-            if kept is not None:
-                kept.append(i)
-            row += 1
+        with admission.admitting(self):  # a read is cached once its prep succeeded
+            for i in indices:
+                i = int(i)
+                raw = None if hits is None else hits.get(i)
+                try:
+                    if raw is None:
+                        raw = self.fetch(i) if hits is None else self._read(i, pending.pop(i, None))
+                    self.prep_into(raw, i, epoch, images[row])
+                    admission.admit(self, i)  # its bytes, if just read, go to the cache now
+                except SampleError as e:
+                    skip_or_raise(self.on_error, self.counters, e)
+                    continue
+                except Exception as e:  # not the item's fault; a prep worker's report names the item
+                    at_item(e, i)
+                    raise
+                labels[row] = self.manifest.labels[i]
+                if ids is not None:
+                    ids[row] = i
+                if kept is not None:
+                    kept.append(i)
+                row += 1
         self.counters.add(samples=row)
         return row
 

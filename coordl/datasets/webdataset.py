@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from coordl.cache import tarindex
-from coordl.datasets import sources
+from coordl.datasets import admission, sources
 from coordl.datasets.base import cached
 from coordl.datasets.imagefolder import ImageFolder, check_pipeline_args
 from coordl.datasets.onerror import sample_error, skip_or_raise
@@ -292,11 +292,7 @@ class WebDataset(ImageFolder):
         data, errors, reads, nbytes, requests, retries = read
         self.counters.add(storage_reads=reads, storage_bytes=nbytes, storage_requests=requests,
                           storage_retries=retries)
-        cache = self.cache
-        if cache is not None:
-            inserted = sum(1 for i in items if i in data and cache.put(i, data[i]))
-            if inserted:
-                self.counters.add(cache_inserts=inserted)
+        admission.offer(self, {i: data[i] for i in items if i in data})  # cached once prepped
         return data, errors
 
     def fetch_many(self, items: Sequence[int], ahead: Sequence[int] | None = None
@@ -365,27 +361,29 @@ class WebDataset(ImageFolder):
     def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
                   ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:
         """ImageFolder.prep_rows with the batch's bytes fetched first (coalesced reads, read ahead)."""
-        raws, errors = self._fetch_batch(indices, epoch)
-        row = 0
-        for i in indices:
-            i = int(i)
-            try:
-                if i in errors:
-                    raise errors[i]
-                label = self._label(i)
-                self.prep_into(raws[i], i, epoch, images[row])
-            except SampleError as e:
-                skip_or_raise(self.on_error, self.counters, at_item(e, i))
-                continue
-            except Exception as e:  # not the item's fault; a prep worker's report names the item
-                at_item(e, i)
-                raise
-            labels[row] = label
-            if ids is not None:
-                ids[row] = i
-            if kept is not None:
-                kept.append(i)
-            row += 1
+        with admission.admitting(self):  # a read is cached once its prep succeeded
+            raws, errors = self._fetch_batch(indices, epoch)
+            row = 0
+            for i in indices:
+                i = int(i)
+                try:
+                    if i in errors:
+                        raise errors[i]
+                    label = self._label(i)
+                    self.prep_into(raws[i], i, epoch, images[row])
+                    admission.admit(self, i)  # its bytes, if just read, go to the cache now
+                except SampleError as e:
+                    skip_or_raise(self.on_error, self.counters, at_item(e, i))
+                    continue
+                except Exception as e:  # not the item's fault; a prep worker's report names the item
+                    at_item(e, i)
+                    raise
+                labels[row] = label
+                if ids is not None:
+                    ids[row] = i
+                if kept is not None:
+                    kept.append(i)
+                row += 1
         self.counters.add(samples=row)
         return row
 

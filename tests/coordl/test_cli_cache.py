@@ -90,6 +90,36 @@ def test_drop_by_name_by_fingerprint_and_all(shm_dir):
             c.drop()
 
 
+def test_a_warm_cache_survives_plain_cleanup_and_goes_with_caches(shm_dir):
+    """A cache outlives its loader: its creator exited, nothing is attached, plain cleanup keeps it
+    (and says so); --caches removes it; the summary counts what went, by kind and folder."""
+    fp = secrets.token_hex(32)
+    _in_child(shm_dir, fp)
+    out = _cli("cleanup", "--dir", shm_dir)
+    assert os.listdir(shm_dir) == [shm.segment_name(fp)]
+    assert f"cleanup: removed nothing from {shm_dir}" in out and "removed coordl-cache" not in out
+    assert "kept 1 cache segment nothing is attached to (3 B cached)" in out and "cleanup --caches" in out
+    again = MinIOCache(4096, directory=shm_dir).open(fp, 8)
+    assert again.get(0) == b"abc"                            # still warm for the next job
+    again.close()
+    out = _cli("cleanup", "--caches", "--dir", shm_dir)
+    assert f"removed {shm.segment_name(fp)}  (cache segment)" in out
+    assert f"cleanup: removed 1 cache segment from {shm_dir}" in out and os.listdir(shm_dir) == []
+    help_text = _cli("cleanup", "--help")
+    assert "--caches" in help_text and "outlives its loader" in help_text
+
+
+def test_the_summary_names_a_socket_removed_outside_the_folder(shm_dir, tmp_path):
+    """A dead daemon's ring in the folder and its socket elsewhere: two kinds, two folders."""
+    sock = str(tmp_path / "serve.sock")
+    open(sock, "w").close()
+    ring = os.path.join(shm_dir, "coordl-serve-1-1-abcdef012345-ring")
+    removed = [shm.Removed("coordinator socket", sock), shm.Removed("coordinator segment", ring)]
+    assert cli_cache.summary(removed, shm_dir) == (f"removed 1 coordinator socket from {tmp_path}, "
+                                                   f"1 coordinator segment from {shm_dir}")
+    assert cli_cache.summary(removed + removed[1:], shm_dir).endswith(f"2 coordinator segments from {shm_dir}")
+
+
 def test_cleanup_removes_only_what_dead_creators_left_unattached(shm_dir):
     orphan, held, live = (secrets.token_hex(32) for _ in range(3))
     _in_child(shm_dir, orphan)                                   # creator dead, nobody attached
@@ -103,14 +133,17 @@ def test_cleanup_removes_only_what_dead_creators_left_unattached(shm_dir):
     stale_tmp = f"{shm.PREFIX}{orphan[16:32]}.tmp-{p.pid}"
     open(os.path.join(shm_dir, stale_tmp), "wb").close()
     try:
-        out = _cli("cleanup", "--dir", shm_dir)
+        out = _cli("cleanup", "--dir", shm_dir)                  # dead things only: the half-built file
+        assert f"removed {stale_tmp}  (half-built cache segment)" in out
+        assert shm.segment_name(orphan) in os.listdir(shm_dir)
+        out = _cli("cleanup", "--caches", "--dir", shm_dir)
         left = set(os.listdir(shm_dir))
         assert shm.segment_name(orphan) not in left and f"removed {shm.segment_name(orphan)}" in out
         assert stale_tmp not in left
         assert {shm.segment_name(held), shm.segment_name(live)} <= left
         assert holder.get(0) == b"abc"
         holder.close()                                           # now nothing holds it
-        out = _cli("cleanup", "--dir", shm_dir)
+        out = _cli("cleanup", "--caches", "--dir", shm_dir)
         assert f"removed {shm.segment_name(held)}" in out
         assert set(os.listdir(shm_dir)) == {shm.segment_name(live)}
     finally:
@@ -119,9 +152,11 @@ def test_cleanup_removes_only_what_dead_creators_left_unattached(shm_dir):
 
 
 def test_cleanup_runs_every_registered_cleaner(shm_dir, monkeypatch):
-    monkeypatch.setattr(cli_cache, "CLEANERS", cli_cache.CLEANERS + [lambda d: [f"coordl-serve-x in {d}"]])
+    extra = [lambda d: [shm.Removed("coordinator segment", os.path.join(d, "coordl-serve-x"))]]
+    monkeypatch.setattr(cli_cache, "CLEANERS", cli_cache.CLEANERS + extra)
     out = _cli("cleanup", "--dir", shm_dir)
-    assert f"removed coordl-serve-x in {shm_dir}" in out and "removed 1 segment" in out
+    assert "removed coordl-serve-x  (coordinator segment)" in out
+    assert f"cleanup: removed 1 coordinator segment from {shm_dir}" in out
 
 
 def test_a_cache_superseded_by_a_new_fingerprint_of_its_root_is_stale_and_cleaned_up(shm_dir):
@@ -134,11 +169,11 @@ def test_a_cache_superseded_by_a_new_fingerprint_of_its_root_is_stale_and_cleane
         out = _cli("cache", "ls", "--dir", shm_dir)
         stale = [line.split()[0] for line in out.splitlines() if "(stale:" in line]
         assert stale == sorted([shm.segment_name(old), held.name])
-        out = _cli("cleanup", "--dir", shm_dir)
-        assert f"removed {shm.segment_name(old)}" in out and "removed 1 segment" in out
+        out = _cli("cleanup", "--caches", "--dir", shm_dir)
+        assert f"removed {shm.segment_name(old)}" in out and "removed 1 cache segment" in out
         assert set(os.listdir(shm_dir)) == {current.name, held.name, newer_val.name}  # held: attached
         held.close()
-        assert f"removed {held.name}" in _cli("cleanup", "--dir", shm_dir)
+        assert f"removed {held.name}" in _cli("cleanup", "--caches", "--dir", shm_dir)
         assert set(os.listdir(shm_dir)) == {current.name, newer_val.name}
         assert "(stale" not in _cli("cache", "ls", "--dir", shm_dir)
     finally:

@@ -87,7 +87,7 @@ def _run(directory: str) -> dict:
     out = {}
     runner = CliRunner()
     out["orphan"] = _orphan(directory)
-    for key, args in (("ls", ["cache", "ls"]), ("cleanup", ["cleanup"])):
+    for key, args in (("ls", ["cache", "ls"]), ("cleanup", ["cleanup", "--caches"])):
         r = runner.invoke(main, [*args, "--dir", directory])
         out[key] = (r.exit_code, r.output, repr(r.exception) if r.exit_code else None)
     out["kept"] = MinIOCache(4096, directory=directory).open(secrets.token_hex(32), 4).name
@@ -111,7 +111,7 @@ def test_other_users_segments_are_listed_skipped_and_left_alone(node_dir):
     assert f"removed {got['orphan']}" in cleanup
     for name in theirs:                   # the dead daemon's ring and dead builder's file too
         assert f"skipped {name}: another user's (uid {THEIRS}), left alone" in cleanup
-    assert "removed 1 segment(s)" in cleanup and "skipped 3 of other users" in cleanup
+    assert f"removed 1 cache segment from {node_dir}" in cleanup and "skipped 3 of other users" in cleanup
     drop = got["drop"][1]
     assert f"dropped {got['kept']}" in drop and f"skipped {their_cache}: another user's" in drop
     assert got["left"] == theirs == sorted(os.listdir(node_dir))   # theirs, untouched, and only theirs

@@ -129,6 +129,30 @@ def test_a_damaged_flac_is_a_sample_error():
         audio.window(raw[: len(raw) // 2], RATE, RATE, "train", item_rng(0, 0, 1))
 
 
+@pytest.mark.parametrize("subtype,width", [("PCM_16", 2), ("PCM_24", 3)])
+@pytest.mark.parametrize("transform", ["train", "val"])
+def test_a_wav_cut_short_is_a_sample_error_not_a_padded_clip(subtype, width, transform):
+    """Its data chunk declares 96,000 bytes, the file holds 31,970: libsndfile reads the 31,926
+    data bytes there are, which the 1 s window would zero-pad."""
+    raw = encode(noise(96000 // width), subtype=subtype)
+    assert audio.wav_cut_short(raw) is None
+    cut = raw[:31970]
+    assert audio.wav_cut_short(cut) == (96000, 31926, 31970)
+    assert len(decoded(cut)) == 31926 // width < RATE           # what would have been padded
+    with pytest.raises(SampleError, match=r"truncated WAV: its data chunk declares 96000 bytes and the "
+                                          r"file \(31970 bytes\) holds 31926 of them"):
+        audio.window(cut, RATE, RATE, transform, item_rng(0, 0, 1))
+
+
+def test_a_whole_wav_with_a_chunk_after_its_data_is_not_cut_short():
+    raw = encode(noise(RATE), subtype="PCM_16")
+    odd = raw + b"LIST" + (3).to_bytes(4, "little") + b"abc" + b"\0"   # an odd-sized chunk, padded
+    assert audio.wav_cut_short(odd) is None
+    whole = audio.window(raw, RATE, RATE, "val", None)
+    np.testing.assert_array_equal(audio.window(odd, RATE, RATE, "val", None), whole)
+    assert audio.wav_cut_short(encode(noise(RATE), fmt="FLAC", subtype="PCM_16")[:500]) is None  # FLAC: not a WAV
+
+
 def test_window_length_rounds_to_the_nearest_sample():
     assert audio.window_length(16000, 1.0) == 16000
     assert audio.window_length(22050, 0.5) == 11025

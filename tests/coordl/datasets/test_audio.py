@@ -162,6 +162,32 @@ def test_a_corrupt_file_raises_naming_it_or_is_skipped_and_counted(audio_root, w
     assert sum(len(y) for _, y in batches) == len(FILES)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_wav_cut_short_raises_naming_it_or_is_skipped_and_counted(audio_root, workers):
+    """WAVs written by soundfile at 16 and 24 bits, 3 s (96,000 data bytes), then cut to 31,970 bytes."""
+    cut = []
+    for subtype, width in (("PCM_16", 2), ("PCM_24", 3)):
+        path = os.path.join(audio_root, "tone", f"cut{width * 8}.wav")
+        sf.write(path, _noise(96000 // width, 1, width), RATE, subtype=subtype)
+        os.truncate(path, 31970)
+        cut.append(path)
+    ds = coordl.AudioFolder(audio_root, channels=1)
+    for path in cut:
+        item = next(i for i in range(len(ds)) if ds.manifest.path(i) == path)
+        loader = coordl.DataLoader(ds, batch_size=1, num_workers=workers, sampler=[item])
+        with pytest.raises(coordl.SampleError, match=rf"{os.path.basename(path)}: truncated WAV: its data chunk "
+                                                     r"declares 96000 bytes and the file \(31970 bytes\)"):
+            for _ in loader:
+                pass
+        del loader
+        gc.collect()
+    loader = coordl.DataLoader(coordl.AudioFolder(audio_root, channels=1, on_error="skip"),
+                               batch_size=4, num_workers=workers)
+    batches, counts = _epoch(loader)
+    assert counts["errors_skipped"] == 2 and counts["samples"] == len(FILES)
+    assert sum(len(y) for _, y in batches) == len(FILES)
+
+
 def test_cache_serves_exactly_its_items_in_epoch_2(audio_root, dropped):
     ds = coordl.AudioFolder(audio_root, transform="train", channels=1)
     n, total = len(ds), ds.manifest.total_bytes
