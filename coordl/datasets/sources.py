@@ -66,9 +66,15 @@ def _wait(futures: dict[int, concurrent.futures.Future]) -> dict[int, bytes | Sa
     return out
 
 
-def _read_local(path: str, drop_page_cache: bool) -> bytes:
+def listed(manifest: Any, i: int) -> tuple[int, int] | None:
+    """(size, mtime_ns) of local item i as listed, for `storage.read_file`'s check (None: unknown)."""
+    size, mtime = int(manifest.sizes[i]), int(manifest.mtimes[i])
+    return (size, mtime) if size >= 0 and mtime != 0 else None
+
+
+def _read_local(path: str, drop_page_cache: bool, expect: tuple[int, int] | None = None) -> bytes:
     try:
-        return storage.read_file(path, drop_page_cache=drop_page_cache)
+        return storage.read_file(path, drop_page_cache=drop_page_cache, expect=expect)
     except OSError as e:
         raise SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that it exists and is "
                           "readable, or pass on_error='skip'") from None
@@ -82,7 +88,7 @@ class LocalFiles:
 
     def read_ahead(self, items: Iterable[int]) -> dict[int, concurrent.futures.Future]:
         pool, m = reader_pool(), self.manifest
-        return {i: pool.submit(_read_local, m.path(i), self.drop_page_cache) for i in items}
+        return {i: pool.submit(_read_local, m.path(i), self.drop_page_cache, listed(m, i)) for i in items}
 
     def read_many(self, items: Iterable[int]) -> dict[int, bytes | SampleError]:
         return _wait(self.read_ahead(items))
