@@ -91,7 +91,7 @@ async def s3fs_get(fs, path: str, start: int | None, end: int | None, etag: str)
     the listed `etag` (unquoted): ObjectChanged when the store answers 412 (another ETag now)."""
     bucket, key, _ = fs.split_path(path)
     kwargs = {"IfMatch": f'"{etag}"'}
-    if start is not None:
+    if start is not None and end is not None:
         kwargs["Range"] = f"bytes={start}-{end - 1}"
     failed = None
     try:

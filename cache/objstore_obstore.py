@@ -219,7 +219,7 @@ class ObstoreGetter:
         import obstore
 
         if etag:
-            options = {**_if_match(etag), "range": (0, size + 1)}
+            options: Any = {**_if_match(etag), "range": (0, size + 1)}
             data = self._blocking_call(lambda key: obstore.get(self._timed(), key, options=options).bytes(), path)
         else:
             data = self._blocking_call(lambda key: obstore.get_range(self._timed(), key, start=0, end=size + 1), path)
@@ -281,7 +281,7 @@ class ObstoreGetter:
         raise failed
 
 
-def _if_match(etag: str | None) -> dict:
+def _if_match(etag: str | None) -> Any:
     """obstore's GetOptions for a GET of the object only if its ETag is still `etag` (unquoted)."""
     return {"if_match": f'"{etag}"'} if etag else {}
 
