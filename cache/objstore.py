@@ -39,7 +39,9 @@ on a pool of max_in_flight threads (the in-flight bound) instead of the event lo
 API costs a Python future, a tokio blocking-pool thread and a loop wake-up per step (two steps per
 GET), about twice the client CPU; there the timeout is obstore's own whole-request timeout, reported
 as the loop's TimeoutError is, and a GET already sent is not cancelled (it ends within the timeout).
-Keys obstore cannot name (an empty, '.' or '..' segment) go through s3fs.
+Keys obstore cannot name (an empty, '.' or '..' segment: `a//b.jpg`, `a/../b.jpg`) are GET through
+s3fs, and a class prefix's listing that meets one goes on through s3fs from the last key received:
+both clients list and read them, the same keys in the same order.
 Credentials never appear in a message or a repr (`Redactor`). The policy (retry, back-off,
 classification, redaction) is pure and lives in `objstore_policy.py`; this module is the I/O shell.
 
@@ -441,9 +443,12 @@ class ObjectStore:
     # -- one request, with retries --
 
     async def _call(self, rt: _Runtime, name: str, *args, **kwargs):
+        etag = kwargs.pop("etag", None)  # cat_file: the listed ETag, sent as If-Match (s3://)
         if name == "cat_file" and rt.getter is not None and objstore_obstore.path_ok(args[0]):
-            return await rt.getter.get(args[0], kwargs.get("start"), kwargs.get("end"))
+            return await rt.getter.get(args[0], kwargs.get("start"), kwargs.get("end"), etag)
         fs = rt.fs
+        if name == "cat_file" and etag and hasattr(fs, "_call_s3"):
+            return await objstore_list.s3fs_get(fs, args[0], kwargs.get("start"), kwargs.get("end"), etag)
         if fs.async_impl:
             return await getattr(fs, "_" + name)(*args, **kwargs)
         return await rt.loop.run_in_executor(rt.pool, lambda: getattr(fs, name)(*args, **kwargs))
@@ -479,10 +484,15 @@ class ObjectStore:
         fix = {
             "missing": "the object was deleted or renamed after the dataset was listed: restore it, or list "
                        "the dataset again (rescan=True)",
+            "changed": "the object changed after the dataset was listed (a loader serves the dataset as listed "
+                       "when it was built): build the dataset again to read the new bytes, or pass "
+                       "on_error='skip'",
             "denied": f"the credentials may not read it: check {self._where()[0]} and the bucket's policy",
             "retry": f"the store at {self._endpoint()} is throttling, failing or unreachable: check it is up, "
                      f"or pass a larger timeout/retries or a smaller max_in_flight",
         }.get(kind, "check the object and the store")
+        if kind == "changed":
+            return SampleError(f"{self.url_of(key)}: changed since it was listed ({self._describe(err)}): {fix}")
         return SampleError(f"{self.url_of(key)}: GET failed after {attempts} attempt(s) ({self._describe(err)}): "
                            f"{fix}")
 
@@ -500,7 +510,7 @@ class ObjectStore:
         return rt.run(self._read_all(rt, keys, return_errors))
 
     def submit_many(self, keys: Sequence[str], on_attempts: Callable[[int], None] | None = None,
-                    sizes: Sequence[int] | None = None) -> list:
+                    sizes: Sequence[int] | None = None, etags: Sequence[str | None] | None = None) -> list:
         """Start reading each object `keys[i]` now and return at once: one `concurrent.futures.Future`
         per key, whose result is the bytes or raises the SampleError naming the object's URL. All the
         reads of this process (every call) share one bound of `max_in_flight` requests in flight, so a
@@ -508,32 +518,39 @@ class ObjectStore:
         called once per key, on the store's thread and before its future completes, with the GET
         requests it took (1 + its retries). `sizes[i]`, the object's size when it was listed, lets
         obstore read it with one call instead of two (`ObstoreGetter.get_blocking`); an object that
-        has grown since is read again whole, a second request counted as a retry."""
+        has grown since is read again whole, a second request counted as a retry. `etags[i]`, the
+        object's ETag when it was listed (s3://, both clients): each GET is sent with If-Match, and an
+        object rewritten since fails with a SampleError saying it changed (never its new bytes)."""
         rt = self._rt()
         if rt.sem is None:
             rt.sem = asyncio.Semaphore(self._config.max_in_flight)
+        tags = etags if etags is not None else [None] * len(keys)
         if rt.gets is not None:  # obstore: each GET on a thread of rt.gets (its size is the bound)
             sized = sizes if sizes is not None else [None] * len(keys)
-            return [rt.gets.submit(self._read_blocking, rt, rt.sem, k, on_attempts, n) for k, n in zip(keys, sized)]
-        return [asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, rt.sem, k, on_attempts), rt.loop)
-                for k in keys]
+            return [rt.gets.submit(self._read_blocking, rt, rt.sem, k, on_attempts, n, e)
+                    for k, n, e in zip(keys, sized, tags)]
+        return [asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, rt.sem, k, on_attempts, e), rt.loop)
+                for k, e in zip(keys, tags)]
 
     def _read_blocking(self, rt: _Runtime, sem: asyncio.Semaphore, key: str,
-                       on_attempts: Callable[[int], None] | None, size: int | None = None) -> bytes:
+                       on_attempts: Callable[[int], None] | None, size: int | None = None,
+                       etag: str | None = None) -> bytes:
         """submit_many's read of one object on a thread of rt.gets: `_read_or_raise` with obstore's
         blocking GET (same retries, back-off, counters and errors; the timeout is the store's own)."""
         path, getter = f"{self._root}/{key}", rt.getter
         if getter is None or not objstore_obstore.path_ok(path):  # s3fs on the loop; this thread holds the slot
-            return asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, sem, key, on_attempts), rt.loop).result()
+            return asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, sem, key, on_attempts, etag),
+                                                    rt.loop).result()
         c, err, attempt, again = self._config, None, 0, 0
         for attempt in range(c.retries + 1):
             self._add(rt, gets=1)
             try:
-                got = getter.get_sized(path, size) if size is not None and size > 0 else getter.get_blocking(path)
+                sized = size is not None and size > 0
+                got = getter.get_sized(path, size, etag) if sized else getter.get_blocking(path, etag)
                 if got is None:  # more than `size` bytes: it grew since it was listed; GET it whole
                     self._add(rt, gets=1, retries=1)
                     again, size = 1, None
-                    got = getter.get_blocking(path)
+                    got = getter.get_blocking(path, etag)
                 data = got
             except Exception as e:  # noqa: BLE001 (classified below)
                 err = e
@@ -553,8 +570,8 @@ class ObjectStore:
         return data
 
     async def _read_or_raise(self, rt: _Runtime, sem: asyncio.Semaphore, key: str,
-                             on_attempts: Callable[[int], None] | None = None) -> bytes:
-        data, attempts = await self._read_counted(rt, sem, key)
+                             on_attempts: Callable[[int], None] | None = None, etag: str | None = None) -> bytes:
+        data, attempts = await self._read_counted(rt, sem, key, etag)
         if on_attempts is not None:
             on_attempts(attempts)
         if isinstance(data, SampleError):
@@ -566,7 +583,8 @@ class ObjectStore:
         return self.read_many([key])[0]
 
     def read_ranges(self, ranges: Sequence[tuple[str, int, int]], return_errors: bool = False,
-                    on_attempts: Callable[[int], None] | None = None) -> list:
+                    on_attempts: Callable[[int], None] | None = None,
+                    etags: Sequence[str | None] | None = None) -> list:
         """The bytes [offset, offset + length) of object `key` for each (key, offset, length): one ranged
         GET each (counted in `gets` and `bytes`, not `objects`; none for a length of 0), concurrently with at most
         `max_in_flight` at once in this process (one bound with submit_many and every other read_ranges call:
@@ -574,8 +592,10 @@ class ObjectStore:
         `return_errors`: fills its slot with) a SampleError naming the object's URL; a range past the object's
         end comes back short, for the caller to check. `on_attempts(n)` is called once per range that sent a
         request, on the store's thread before this returns, with the GET requests it took (1 + its retries),
-        so a caller (WebDataset) counts exactly the requests of its own call."""
+        so a caller (WebDataset) counts exactly the requests of its own call. `etags[i]`: the listed
+        ETag of range i's object, sent as If-Match (s3://): a SampleError says the object changed."""
         ranges = [(k, int(o), int(n)) for k, o, n in ranges]
+        tags = list(etags) if etags is not None else [None] * len(ranges)
         if not ranges:
             return []
         rt = self._rt()
@@ -584,7 +604,8 @@ class ObjectStore:
             if rt.sem is None:  # (on the loop's thread, as submit_many's s3fs GETs use it)
                 rt.sem = asyncio.Semaphore(self._config.max_in_flight)
             sem = rt.sem
-            out = await asyncio.gather(*(self._read_range(rt, sem, k, o, n, on_attempts) for k, o, n in ranges))
+            out = await asyncio.gather(*(self._read_range(rt, sem, k, o, n, on_attempts, e)
+                                         for (k, o, n), e in zip(ranges, tags)))
             failed = [r for r in out if isinstance(r, SampleError)]
             if failed and not return_errors:
                 raise failed[0]
@@ -593,11 +614,11 @@ class ObjectStore:
         return rt.run(go())
 
     async def _read_range(self, rt: _Runtime, sem: asyncio.Semaphore, key: str, offset: int, length: int,
-                          on_attempts: Callable[[int], None] | None = None):
+                          on_attempts: Callable[[int], None] | None = None, etag: str | None = None):
         if length <= 0:  # no request: s3fs would send "bytes=o-(o-1)", which servers answer with the whole object
             return b""
         data, err, attempts = await self._attempts(rt, sem, "gets", "cat_file", f"{self._root}/{key}",
-                                                   start=offset, end=offset + length)
+                                                   start=offset, end=offset + length, etag=etag)
         if on_attempts is not None:
             on_attempts(attempts)
         if err is not None:
@@ -608,9 +629,10 @@ class ObjectStore:
     async def _read_one(self, rt: _Runtime, sem: asyncio.Semaphore, key: str):
         return (await self._read_counted(rt, sem, key))[0]
 
-    async def _read_counted(self, rt: _Runtime, sem: asyncio.Semaphore, key: str) -> tuple[Any, int]:
-        """(the bytes or the SampleError, the GET attempts made)."""
-        data, err, attempts = await self._attempts(rt, sem, "gets", "cat_file", f"{self._root}/{key}")
+    async def _read_counted(self, rt: _Runtime, sem: asyncio.Semaphore, key: str,
+                            etag: str | None = None) -> tuple[Any, int]:
+        """(the bytes or the SampleError, the GET attempts made); `etag`: sent as If-Match (s3://)."""
+        data, err, attempts = await self._attempts(rt, sem, "gets", "cat_file", f"{self._root}/{key}", etag=etag)
         if err is not None:
             return self._sample_error(key, err, attempts), attempts
         self._add(rt, bytes=len(data), objects=1)
@@ -646,6 +668,8 @@ class ObjectStore:
         if kind == "missing":
             return DatasetError(f"{where}: not found ({what}): check the URL; list it with your store's "
                                 "client (e.g. aws s3 ls) against the same endpoint")
+        if kind != "retry":  # the store answered: the endpoint is not to blame
+            return DatasetError(f"{where}: listing failed ({what}): check the listed keys and the URL")
         return DatasetError(f"{where}: listing failed after {attempts} attempt(s) ({what}): check that "
                             f"{self._endpoint()} is reachable ({self._where()[1]}) and up")
 
@@ -796,10 +820,14 @@ class ObjectStore:
             """(the page source of class prefix c, the seconds one page may take: obstore's own timeout
             is per request, the wait a backstop for a chunk of several pages; s3fs: one page)."""
             bucket, prefix = objstore_list.prefix_of(self._root, c)
+            def s3fs(after):
+                return objstore_list.s3fs_pages(fs, bucket, prefix, None, after)
+
             if getter is not None and objstore_obstore.path_ok(f"{bucket}/{prefix[:-1]}"):
                 lister = getter
-                return (lambda after: lister.list_pages(prefix[:-1], after)), self._config.timeout * 10 + 5
-            return (lambda after: objstore_list.s3fs_pages(fs, bucket, prefix, None, after)), self._config.timeout
+                source = objstore_list.falling_back(lambda after: lister.list_pages(prefix[:-1], after), s3fs)
+                return source, self._config.timeout * 10 + 5
+            return s3fs, self._config.timeout
 
         async def go():
             sem = asyncio.Semaphore(self._config.max_in_flight)

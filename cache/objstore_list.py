@@ -6,7 +6,10 @@ with keys relative to the bucket, starting after key `after` (S3's StartAfter) w
 - `s3fs_pages`: ListObjectsV2 through s3fs's client (`_call_s3`: its error translation), one call
   per page, the continuation token between pages;
 - `ObstoreGetter.list_pages` (objstore_obstore.py): obstore, parsed in Rust (the class prefixes;
-  the root goes through s3fs).
+  the root goes through s3fs);
+- `falling_back(first, then)`: first's pages until it meets a key it cannot name (obstore: an
+  empty, '.' or '..' segment, `KeyNotNamable`), then the rest of the prefix from then's, after the
+  last key received: both clients list the same keys (`a//b.jpg` included).
 `objstore.py` times each page out and retries it (`ObjectStore._list_pages`); a prefix listing
 resumes after the last key received, so a retry re-sends one page, not the prefix.
 
@@ -28,6 +31,8 @@ import msgpack
 
 from coordl import errors
 from coordl.errors import DatasetError
+
+from .objstore_policy import KeyNotNamable, ObjectChanged
 
 
 def prefix_of(root: str, sub: str = "") -> tuple[str, str]:
@@ -51,6 +56,57 @@ async def s3fs_pages(fs, bucket: str, prefix: str, delimiter: str | None, after:
             return
         kwargs.pop("StartAfter", None)
         kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def falling_back(first: Callable, then: Callable) -> Callable:
+    """A page source: first(after)'s pages; from a KeyNotNamable on, then(after the last key received)'s."""
+
+    async def pages(after: str | None):
+        source = first(after)
+        try:
+            while True:
+                try:
+                    page = await source.__anext__()
+                except StopAsyncIteration:
+                    return
+                except KeyNotNamable:
+                    break
+                if page[0]:
+                    after = page[0][-1][0]
+                yield page
+        finally:
+            await source.aclose()
+        rest = then(after)
+        try:
+            async for page in rest:
+                yield page
+        finally:
+            await rest.aclose()
+
+    return pages
+
+
+async def s3fs_get(fs, path: str, start: int | None, end: int | None, etag: str) -> bytes:
+    """The bytes of bucket/key `path` (or [start, end) of them) through s3fs's client, with If-Match
+    the listed `etag` (unquoted): ObjectChanged when the store answers 412 (another ETag now)."""
+    bucket, key, _ = fs.split_path(path)
+    kwargs = {"IfMatch": f'"{etag}"'}
+    if start is not None and end is not None:
+        kwargs["Range"] = f"bytes={start}-{end - 1}"
+    failed = None
+    try:
+        response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **kwargs)
+    except OSError as e:
+        status = getattr(e.__cause__, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status != 412:
+            raise
+        failed = ObjectChanged("HTTP 412 Precondition Failed: its ETag is no longer the listed one")
+    if failed is not None:
+        raise failed
+    try:
+        return await response["Body"].read()
+    finally:
+        response["Body"].close()
 
 
 def unquote(etag: str | None) -> str | None:

@@ -4,7 +4,7 @@
   client of s3:// GETs).
 - `backoff`: how long to wait before retry n (exponential, full jitter).
 - `classify`: is an error worth retrying (throttling, 5xx, connection, timeout), or final
-  (missing object, access denied)?
+  (missing object, access denied, an object changed since it was listed: `ObjectChanged`)?
 - `Redactor`: removes credentials from any text coordl shows (errors, reprs).
 - `walk_order_key`: the order a local copy's walk lists files in, for object keys.
 
@@ -102,9 +102,21 @@ def backoff(config: StoreConfig, retry: int, rng: random.Random) -> float:
     return rng.uniform(0.0, min(config.backoff_max, config.backoff_base * 2 ** retry))
 
 
+class ObjectChanged(Exception):
+    """A GET's object is not the one listed: the store refused its If-Match with the listed ETag
+    (HTTP 412 Precondition Failed), or it answered with another size than the listed one."""
+
+
+class KeyNotNamable(ValueError):
+    """A key obstore cannot name (an empty, '.' or '..' segment): its listing goes through s3fs."""
+
+
 def classify(exc: BaseException) -> str:
-    """'missing' (the object or bucket is not there), 'denied' (credentials), 'retry' (throttling,
-    a 5xx, a connection error or a timeout) or 'fatal' (anything else: not retried)."""
+    """'missing' (the object or bucket is not there), 'denied' (credentials), 'changed' (the object
+    is not the one listed: `ObjectChanged`), 'retry' (throttling, a 5xx, a connection error or a
+    timeout) or 'fatal' (anything else: not retried)."""
+    if isinstance(exc, ObjectChanged):
+        return "changed"
     if isinstance(exc, FileNotFoundError):
         return "missing"
     if isinstance(exc, PermissionError):

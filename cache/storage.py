@@ -4,14 +4,20 @@
 pages are not needed again (`posix_fadvise(DONTNEED)`), so memory goes to the
 MinIO cache instead of a second copy in the page cache that an LRU would
 thrash anyway.
+
+`expect=(size, mtime_ns)`, the file as the dataset listed it: the file opened must still have them
+(one fstat, which the read makes anyway), else a SampleError says it changed: a loader serves the
+dataset as listed when it was built, never a mix of old listing and new bytes.
 """
 
 from __future__ import annotations
 
 import os
 
+from coordl.errors import SampleError
 
-def read_file(path: str, drop_page_cache: bool = False) -> bytes:
+
+def read_file(path: str, drop_page_cache: bool = False, expect: tuple[int, int] | None = None) -> bytes:
     """The whole file at `path`. Raises OSError as open/read do.
 
     One read of the size `fstat` gives (plus one byte, to see the end): a
@@ -21,7 +27,13 @@ def read_file(path: str, drop_page_cache: bool = False) -> bytes:
     """
     fd = os.open(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
+        if expect is not None and (size, st.st_mtime_ns) != tuple(expect):
+            raise SampleError(f"{path}: changed since the dataset was listed (size {size}, mtime_ns "
+                              f"{st.st_mtime_ns}; listed: {expect[0]}, {expect[1]}): a loader serves the files as "
+                              "listed when the dataset was built; build it again with rescan=True to read the "
+                              "new contents, or pass on_error='skip'")
         data = os.read(fd, size + 1)
         if len(data) != size:
             chunks = [data]

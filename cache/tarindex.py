@@ -39,6 +39,14 @@ GETs (`ObjectStore.read_ranges`), one per run of a batch's neighbours, all of a 
 Persisted keyed by the shards' (URL, size, ETag); the fingerprint hashes those and the index
 (an ETag changes with the bytes, so no member bytes are read for it).
 
+One snapshot: the index is what a loader serves, so the shards are checked against it. A local
+shard is checked when this process opens it, and again at its first read of each epoch
+(`begin_epoch`): the open file (fstat) and the file now at its path (stat) must have the size,
+mtime_ns and inode it had when indexed, else its reads are a SampleError saying the shard changed
+(a shard rewritten in place, or replaced by another file, is never read at the old offsets or
+served with the old labels; the same at every num_workers). A shard in a bucket: each ranged GET
+sends If-Match with the ETag listed (cache/objstore.py).
+
 Persisted like the manifest (coordl/manifest/store.py): one file per (shard paths,
 extensions) in the folder the caller names, reused while every shard has the (size, mtime_ns,
 ctime_ns, inode) it had when indexed; a flock makes one process build while the others of the
@@ -175,7 +183,11 @@ class TarIndex:
         self.keys: np.ndarray = arrays["keys"]                # uint8: the keys, UTF-8, end to end
         self._fds: tuple[int, dict[int, int]] = (os.getpid(), {})
         self.remote: tuple[Any, list[str]] | None = None  # (ObjectStore, shard keys) for shards in a bucket
+        # per shard as indexed: local [size, mtime_ns, ctime_ns, inode]; in a bucket [size, ETag]
+        self.stats: list[list] | None = None
         self._lock = threading.Lock()
+        self._epoch: int | None = None
+        self._checked: set[int] = set()  # shards whose open fd was checked in this epoch (this process)
 
     def __len__(self) -> int:
         return len(self.shard)
@@ -191,14 +203,40 @@ class TarIndex:
         """'<shard path>: sample <key>', for messages."""
         return f"{self.shards[int(self.shard[i])]}: sample {self.key(i)!r}"
 
+    def begin_epoch(self, epoch: int) -> None:
+        """A new epoch in this process: each local shard is checked again at its next read."""
+        with self._lock:
+            if epoch != self._epoch:
+                self._epoch, self._checked = epoch, set()
+
     def _fd(self, s: int) -> int:
+        """Shard s's open fd in this process, checked against the index at open and at its first
+        read of each epoch (`_check`): raises SampleError when the shard changed."""
         with self._lock:
             pid, fds = self._fds
             if pid != os.getpid():  # inherited through fork: this process opens its own
                 self._fds = pid, fds = os.getpid(), {}
+                self._checked = set()
             if s not in fds:
                 fds[s] = os.open(self.shards[s], os.O_RDONLY)
+            if s not in self._checked:
+                self._check(s, fds[s])
+                self._checked.add(s)
             return fds[s]
+
+    def _check(self, s: int, fd: int) -> None:
+        """SampleError unless the open shard and the file at its path are the one indexed (size,
+        mtime_ns, inode): one fstat and one stat."""
+        if self.stats is None:
+            return
+        size, mtime_ns, _, inode = self.stats[s]
+        for where, st in (("the open file", os.fstat(fd)), ("the file at its path", os.stat(self.shards[s]))):
+            now = (st.st_size, st.st_mtime_ns, st.st_ino)
+            if now != (size, mtime_ns, inode):
+                raise SampleError(f"changed since it was indexed ({where} has size {now[0]}, mtime_ns {now[1]}, "
+                                  f"inode {now[2]}; indexed: {size}, {mtime_ns}, {inode}): a loader serves the "
+                                  "shards as indexed when the WebDataset was built; build it again to read the "
+                                  "new contents, or pass on_error='skip'")
 
     def close(self) -> None:
         with self._lock:
@@ -220,8 +258,9 @@ class TarIndex:
         prefixes the shard and key)."""
         if self.remote is not None:
             store, keys = self.remote
+            etags = None if self.stats is None else [self.stats[s][1] for s, _, _ in spans]
             got = store.read_ranges([(keys[s], off, n) for s, off, n in spans], return_errors=True,
-                                    on_attempts=on_attempts)
+                                    on_attempts=on_attempts, etags=etags)
             out: list[bytes | SampleError] = []
             for (s, _, _), g in zip(spans, got):
                 if isinstance(g, SampleError):  # its text starts with the shard's URL: said once
@@ -240,6 +279,9 @@ class TarIndex:
             except OSError as e:
                 out.append(SampleError(f"cannot read the shard ({e.strerror or e}): check that it exists "
                                        "and is readable, or pass on_error='skip'"))
+                continue
+            except SampleError as e:  # the shard changed since it was indexed (_check)
+                out.append(e)
                 continue
             out.append(buf)
         return out
@@ -459,7 +501,7 @@ def _cached(folder: str | None, shards: list[str], stats: list, exts: list, rebu
                              "fingerprint": index.fingerprint}, arrays)
         finally:
             os.close(lock)
-    index.remote = remote
+    index.remote, index.stats = remote, stats
     return index
 
 

@@ -95,7 +95,8 @@ SLOW_FILES = ("coordl/profiler/test_profile.py", "coordl/profiler/test_cli_profi
               "objstore/test_integrations_s3.py", "objstore/test_bench_objstore.py", "objstore/test_read_ahead.py",
               "coordl/profiler/test_profile_datasets.py", "objstore/test_static_listing.py",
               "objstore/test_gcs_azure.py", "pipelines/test_corrupt.py", "objstore/test_webdataset_read_ahead.py",
-              "objstore/test_gcs_azure_faults.py", "objstore/test_obstore_client.py")
+              "objstore/test_gcs_azure_faults.py", "objstore/test_obstore_client.py",
+              "objstore/test_snapshot_s3.py")
 SLOW_FIXTURES = {"serve", "sockdir", "shared_serve"}
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 

@@ -58,7 +58,8 @@ def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futur
     if ds.objects is not None:  # objects: one concurrent request per miss (datasets/sources.py)
         return ds.objects.read_ahead(items, ds.counters)
     pool, drop = sources.reader_pool(), ds.drop_page_cache
-    return {i: pool.submit(storage.read_file, ds.manifest.path(i), drop) for i in items}
+    m = ds.manifest
+    return {i: pool.submit(storage.read_file, m.path(i), drop, sources.listed(m, i)) for i in items}
 
 
 def check_pipeline_args(transform: Any, size: Any, on_error: Any) -> int | tuple[int, int]:
@@ -196,7 +197,8 @@ class ImageFolder(CoordlDataset):
         try:
             if self.objects is not None:
                 return self.objects.read_ahead([i])[i].result()
-            return storage.read_file(path, drop_page_cache=self.drop_page_cache)
+            return storage.read_file(path, drop_page_cache=self.drop_page_cache,
+                                     expect=sources.listed(self.manifest, i))
         except OSError as e:
             raise at_item(sample_error(path, f"cannot read the file ({e.strerror or e})", READABLE), i) from None
 
@@ -206,7 +208,8 @@ class ImageFolder(CoordlDataset):
         try:
             if pending is None and self.objects is not None:
                 pending = self.objects.read_ahead([i], self.counters)[i]
-            raw = storage.read_file(path, drop_page_cache=self.drop_page_cache) if pending is None \
+            raw = storage.read_file(path, drop_page_cache=self.drop_page_cache,
+                                    expect=sources.listed(self.manifest, i)) if pending is None \
                 else pending.result()
         except OSError as e:
             raise at_item(sample_error(path, f"cannot read the file ({e.strerror or e})", READABLE), i) from None

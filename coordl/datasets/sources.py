@@ -66,9 +66,15 @@ def _wait(futures: dict[int, concurrent.futures.Future]) -> dict[int, bytes | Sa
     return out
 
 
-def _read_local(path: str, drop_page_cache: bool) -> bytes:
+def listed(manifest: Any, i: int) -> tuple[int, int] | None:
+    """(size, mtime_ns) of local item i as listed, for `storage.read_file`'s check (None: unknown)."""
+    size, mtime = int(manifest.sizes[i]), int(manifest.mtimes[i])
+    return (size, mtime) if size >= 0 and mtime != 0 else None
+
+
+def _read_local(path: str, drop_page_cache: bool, expect: tuple[int, int] | None = None) -> bytes:
     try:
-        return storage.read_file(path, drop_page_cache=drop_page_cache)
+        return storage.read_file(path, drop_page_cache=drop_page_cache, expect=expect)
     except OSError as e:
         raise SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that it exists and is "
                           "readable, or pass on_error='skip'") from None
@@ -82,7 +88,7 @@ class LocalFiles:
 
     def read_ahead(self, items: Iterable[int]) -> dict[int, concurrent.futures.Future]:
         pool, m = reader_pool(), self.manifest
-        return {i: pool.submit(_read_local, m.path(i), self.drop_page_cache) for i in items}
+        return {i: pool.submit(_read_local, m.path(i), self.drop_page_cache, listed(m, i)) for i in items}
 
     def read_many(self, items: Iterable[int]) -> dict[int, bytes | SampleError]:
         return _wait(self.read_ahead(items))
@@ -193,7 +199,8 @@ class ObjectFiles(_AheadSlot):
             if i not in hits:
                 def on_attempts(n: int, i: int = i) -> None:
                     ahead.attempts[i] = n
-                ahead.futures[i] = self.store.submit_many([self.manifest.relpath(i)], on_attempts, self._sizes([i]))[0]
+                ahead.futures[i] = self.store.submit_many([self.manifest.relpath(i)], on_attempts, self._sizes([i]),
+                                                          self._etags([i]))[0]
         self._hold(ahead)
 
     def take(self, epoch: int, items: Sequence[int], counters: Any = None
@@ -216,12 +223,21 @@ class ObjectFiles(_AheadSlot):
         completes (so a batch's counts are in stats() when the batch is)."""
         items = list(items)
         on_attempts = None if counters is None else _counting(counters)
-        futures = self.store.submit_many([self.manifest.relpath(i) for i in items], on_attempts, self._sizes(items))
+        futures = self.store.submit_many([self.manifest.relpath(i) for i in items], on_attempts, self._sizes(items),
+                                         self._etags(items))
         return dict(zip(items, futures))
 
     def _sizes(self, items: list[int]) -> list[int]:
         """The objects' sizes when listed (the manifest's; -1 where unknown), for one-call GETs."""
         return self.manifest.sizes[items].tolist()
+
+    def _etags(self, items: list[int]) -> list[str | None] | None:
+        """The objects' ETags when listed (the manifest's), each GET's If-Match: an object rewritten
+        since is a SampleError saying it changed, never its new bytes (one snapshot per loader)."""
+        etags = getattr(self.manifest, "etags", None)
+        if etags is None:
+            return None
+        return [e.decode("utf-8", "surrogateescape") or None for e in etags[items].tolist()]
 
     def read_many(self, items: Iterable[int]) -> dict[int, bytes | SampleError]:
         return _wait(self.read_ahead(items))

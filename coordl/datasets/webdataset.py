@@ -360,7 +360,9 @@ class WebDataset(ImageFolder):
 
     def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
                   ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:
-        """ImageFolder.prep_rows with the batch's bytes fetched first (coalesced reads, read ahead)."""
+        """ImageFolder.prep_rows with the batch's bytes fetched first (coalesced reads, read ahead).
+        A new epoch checks each local shard again at its next read (TarIndex.begin_epoch)."""
+        self.index.begin_epoch(epoch)
         with admission.admitting(self):  # a read is cached once its prep succeeded
             raws, errors = self._fetch_batch(indices, epoch)
             row = 0

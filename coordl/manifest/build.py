@@ -50,6 +50,7 @@ class Manifest:
     identity: str = ""        # the portable part of the fingerprint (equal on faithful copies)
     revision: str = ""        # local silent-revision token ("" unless a rescan found one)
     source: str = "scan"      # "scan" (walked now) or the persisted manifest file it was loaded from
+    etags: np.ndarray | None = None  # bytes (S dtype): each object's ETag when listed (objects.py; None: local)
 
     def __len__(self) -> int:
         return len(self.sizes)

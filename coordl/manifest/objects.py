@@ -8,6 +8,9 @@ order (`cache/objstore_policy.walk_order_key`); relpaths are keys relative to th
 objects' sizes, mtimes 0 (buckets keep no folder mtime and a copy's mtimes are not the objects').
 `Manifest.path(i)` is the object's URL.
 
+`Manifest.etags` holds each object's ETag as listed (never persisted: every start lists again), for
+the GETs to check the object is still the one listed (If-Match: a loader serves one snapshot).
+
 Identity (FORMAT "objects-1"): sha256 over the class names, the relative keys, sizes, labels and
 each object's ETag (an ETag changes whenever an object's bytes do, so no content sample is read).
 The fingerprint is the identity.
@@ -75,17 +78,22 @@ def _manifest(root: str, classes: list[str], kept: list[ObjectInfo], counts: lis
     sizes = np.array([o.size for o in kept], dtype=np.int64)
     labels = np.repeat(np.arange(len(classes), dtype=np.int64), counts)
     return Manifest(root, tuple(classes), blob, offsets, sizes, np.zeros(len(kept), dtype=np.int64), labels,
-                    fingerprint, fingerprint, "", source)
+                    fingerprint, fingerprint, "", source, _etags(kept))
 
 
-def _from_arrays(root: str, header: dict, a: dict[str, np.ndarray], path: str):
+def _etags(kept: list[ObjectInfo]) -> np.ndarray:
+    """The listed ETags, one fixed-width bytes row per object (b"" where the store gave none)."""
+    return np.array([(o.etag or "").encode("utf-8", "surrogateescape") for o in kept], dtype=np.bytes_)
+
+
+def _from_arrays(root: str, header: dict, a: dict[str, np.ndarray], path: str, kept: list[ObjectInfo]):
     from coordl.manifest.build import Manifest, _offsets
 
     labels = np.repeat(np.arange(len(a["class_counts"]), dtype=np.int64), a["class_counts"])
     n = len(a["sizes"])
     return Manifest(root, tuple(header["classes"]), a["blob"], _offsets(a["lengths"].astype(np.int64)),
                     a["sizes"].astype(np.int64), np.zeros(n, dtype=np.int64), labels, header["fingerprint"],
-                    header["fingerprint"], "", path)
+                    header["fingerprint"], "", path, _etags(kept))
 
 
 def _check_classes(url: str, classes: list[str], counts: list[int], exts: tuple[str, ...],
@@ -129,7 +137,7 @@ def scan_url(url: str, extensions: Sequence[str], allow_empty: bool = False, *,
                 arrays = store.read_arrays(path, header)
                 if arrays is not None:
                     LISTS["reused"] += 1
-                    return _from_arrays(root, header, arrays, path), objects
+                    return _from_arrays(root, header, arrays, path, kept), objects
             m = _manifest(root, classes, kept, counts, digest, "scan")
             header = {"root": root, "classes": classes, "n": len(kept), "listing": digest, "identity": digest,
                       "revision": "", "fingerprint": digest}
