@@ -24,6 +24,7 @@ failure is None or a DecodeError for that image alone.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ class NvImgCodecDecoder:
     name = "nvimgcodec"
 
     def __init__(self, device: torch.device | str) -> None:
-        from nvidia import nvimgcodec  # ImportError: not installed
+        nvimgcodec: Any = importlib.import_module("nvidia.nvimgcodec")  # ImportError: not installed
 
         self._nv, self.device = nvimgcodec, torch.device(device)
         if self.device.type == "cuda":
@@ -134,9 +135,9 @@ class TorchvisionDecoder:
     name = "torchvision"
 
     def __init__(self, device: torch.device | str) -> None:
-        from torchvision.io import ImageReadMode, decode_jpeg  # ImportError: not installed
+        io: Any = importlib.import_module("torchvision.io")  # ImportError: not installed
 
-        self._decode, self._mode, self.device = decode_jpeg, ImageReadMode.RGB, torch.device(device)
+        self._decode, self._mode, self.device = io.decode_jpeg, io.ImageReadMode.RGB, torch.device(device)
 
     def decode(self, raws: Sequence[Any], regions: Sequence[tuple[int, int, int, int]]) -> list[Result]:
         datas = [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw in raws]

@@ -60,7 +60,8 @@ def plan_item(raw, transform: str, size: int | tuple[int, int], rng: random.Rand
     if transform == "train":
         if rng is None:
             raise ValueError("plan_item: transform='train' draws from the item's generator; pass rng")
-        box: tuple[float, float, float, float] = tuple(map(float, crop.random_resized_crop_box(width, height, rng)))
+        left, top, w, h = crop.random_resized_crop_box(width, height, rng)
+        box = (float(left), float(top), float(w), float(h))
         flip = crop.flip(rng)
     else:
         box, flip = crop.center_crop_box(width, height, size), False
