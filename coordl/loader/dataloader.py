@@ -46,6 +46,7 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from coordl import names
 from coordl.batch import collate
 from coordl.buffers import EXTRA_SLOTS
 from coordl.coordinator.client import connect
@@ -542,12 +543,12 @@ def _check_device(dataset: Any, device: Any, dtype: Any, decoder: str, backend: 
         device = torch.device(device)
     except (RuntimeError, TypeError):
         raise ConfigError(f"device={device!r} is not a torch device: use 'cuda', 'cuda:1' or 'cpu'") from None
-    if device.type not in ("cuda", "cpu"):
+    if device.type != "cuda" and device.type != "cpu":
         raise ConfigError(f"device={device!r}: batch prep runs on 'cuda' or 'cpu'")
     if backend != "cpu" or coordinator is not None:
         raise ConfigError("device= prepares batches in this process; it does not go with backend='dali' or "
                           "coordinator=: drop one of them")
-    if getattr(dataset, "transform", None) not in ("train", "val") or not hasattr(dataset, "_encoded_batch"):
+    if getattr(dataset, "transform", None) not in names.TRANSFORMS or not hasattr(dataset, "_encoded_batch"):
         raise ConfigError(f"device={str(device)!r} needs a coordl.ImageFolder or coordl.WebDataset with "
                           f"transform='train' or 'val'; {type(dataset).__name__} is not one")
     if dtype not in batchaug.OUT_DTYPES:
