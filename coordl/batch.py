@@ -49,8 +49,18 @@ def _arrived(items, pooled: bool) -> Batch:
     return Batch(items)
 
 
+class EncodedBatch:
+    """A batch of encoded bytes and their plans (pipelines/batchprep.py `ItemPlan`), what a worker
+    sends with ``DataLoader(device=...)``: the training process decodes it (coordl/loader/devprep.py)."""
+
+    def __init__(self, raws: list, plans: list, items: list[int], labels: Any) -> None:
+        self.raws, self.plans, self.items, self.labels = raws, plans, items, labels
+
+
 def collate(batch: Any) -> Any:
-    """Collate for coordl datasets: a `PreparedBatch` as is, anything else as torch does."""
+    """Collate for coordl datasets: a `PreparedBatch` (or `EncodedBatch`) as is, anything else as torch does."""
+    if isinstance(batch, EncodedBatch):
+        return batch
     if isinstance(batch, PreparedBatch):
         return Batch([batch.images, batch.labels], batch.pooled)
     if isinstance(batch, list) and not batch:  # a user dataset's batch whose every item was skipped

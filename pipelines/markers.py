@@ -54,8 +54,14 @@ def check(raw, img: Image.Image) -> None:
     """DecodeError if the JPEG `img` (opened from `raw`) has a marker inside its image data or no EOI."""
     if img.info.get("progressive") or img.info.get("progression"):
         return
+    check_scan(raw, getattr(img, "layers", 0))
+
+
+def check_scan(raw, components: int) -> None:
+    """`check` for a single-scan JPEG of `components` components, given without Pillow
+    (pipelines/jpeghead.py reads the header itself)."""
     found = scan_data_start(raw)
-    if found is None or found[1] != getattr(img, "layers", 0):
+    if found is None or found[1] != components:
         return  # a broken header (libjpeg says so), or a first scan without every component
     start, _components, restart = found
     data = np.frombuffer(raw, dtype=np.uint8)[start:]

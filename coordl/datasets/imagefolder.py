@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from coordl import names
-from coordl.batch import PreparedBatch
+from coordl.batch import EncodedBatch, PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache import storage
 from coordl.datasets import admission, sources
@@ -42,7 +42,7 @@ from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
 from coordl.errors import ConfigError, SampleError, at_item
 from coordl.loader.binding import NO_COUNTERS, NoCounters
 from coordl.manifest.build import IMG_EXTENSIONS, scan
-from coordl.pipelines import cpu, crop
+from coordl.pipelines import batchprep, cpu, crop
 
 _TRANSFORMS, _ON_ERROR = names.TRANSFORMS, names.ON_ERROR  # (coordl/names.py)
 
@@ -232,9 +232,13 @@ class ImageFolder(CoordlDataset):
         return (img if transform is None else transform(img)), self._target(i)
 
     def prep_into(self, raw, i: int, epoch: int, out: np.ndarray | None) -> np.ndarray:
-        """The "train"/"val" pixels of item i as uint8 (h, w, 3), written into `out` if given."""
+        """The "train"/"val" pixels of item i as uint8 (h, w, 3), written into `out` if given
+        (a `_PlanRow`: the item's bytes and plan instead, for DataLoader(device=...))."""
         self.counters.add(decodes=1)
         try:
+            if isinstance(out, _PlanRow):
+                rng = crop.item_rng(self.seed, epoch, i) if self.transform == "train" else None
+                return out.keep(raw, batchprep.plan_item(raw, str(self.transform), self.size, rng))
             if self.transform == "train":
                 return cpu.train(raw, self.size, crop.item_rng(self.seed, epoch, i), out=out)
             return cpu.val(raw, self.size, out=out)
@@ -273,6 +277,8 @@ class ImageFolder(CoordlDataset):
                     out.append(sample)
             self.counters.add(samples=len(out))
             return out
+        if self.binding is not None and self.binding.encoded:
+            return self._encoded_batch(indices, epoch)  # pyright: ignore[reportReturnType] (collate passes it on)
         images, pooled = self._alloc_batch(len(indices))
         labels = np.empty(len(indices), dtype=np.int64)
         kept: list[int] = []
@@ -286,6 +292,17 @@ class ImageFolder(CoordlDataset):
         targets = torch.from_numpy(labels[:n]) if self.target_transform is None else \
             torch.utils.data.default_collate([self._target(i) for i in kept])
         return PreparedBatch(images[:n].permute(0, 3, 1, 2), targets, kept, pooled)
+
+    def _encoded_batch(self, indices: Sequence[int], epoch: int) -> EncodedBatch:
+        """The batch's bytes and plans (DataLoader(device=...)), through the same `prep_rows` (every
+        fetch path, skips and counters), with the decode swapped for `batchprep.plan_item`."""
+        rows = _PlanRows()
+        labels = np.empty(len(indices), dtype=np.int64)
+        kept: list[int] = []
+        n = self.prep_rows(indices, epoch, rows, labels, kept=kept)  # pyright: ignore[reportArgumentType]
+        targets = torch.from_numpy(labels[:n]) if self.target_transform is None else \
+            [self._target(i) for i in kept]
+        return EncodedBatch(rows.raws, rows.plans, kept, targets)
 
     def prep_rows(self, indices: Sequence[int], epoch: int, images: np.ndarray, labels: np.ndarray,
                   ids: np.ndarray | None = None, kept: list[int] | None = None) -> int:
@@ -387,3 +404,26 @@ class ImageFolder(CoordlDataset):
     def __repr__(self) -> str:
         return (f"ImageFolder(root={self.root!r}, items={len(self)}, classes={len(self.classes)}, "
                 f"transform={self.transform!r}, size={self.size})")
+
+
+class _PlanRows:
+    """Stands for the batch buffer in `prep_rows` when a worker sends bytes (DataLoader(device=...)):
+    row k collects the kept item's bytes and plan instead of its pixels."""
+
+    def __init__(self) -> None:
+        self.raws: list[bytes] = []
+        self.plans: list[batchprep.ItemPlan] = []
+
+    def __getitem__(self, row: int) -> _PlanRow:
+        return _PlanRow(self, row)
+
+
+class _PlanRow:
+    def __init__(self, rows: _PlanRows, row: int) -> None:
+        self.rows, self.row = rows, row
+
+    def keep(self, raw, plan: batchprep.ItemPlan) -> Any:
+        del self.rows.raws[self.row:], self.rows.plans[self.row:]  # a row skipped before is written again
+        self.rows.raws.append(bytes(raw))
+        self.rows.plans.append(plan)
+        return None

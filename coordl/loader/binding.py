@@ -42,5 +42,7 @@ class Binding:
     batch_slots: int = 0               # reusable batch buffers a worker may keep (coordl/buffers.py;
     #                                    set by the loader, 0: a fresh buffer per batch)
     buffers: Any = None                # ... and, in a worker process, those buffers (WorkerBuffers)
+    encoded: bool = False              # DataLoader(device=...): batches of bytes + plans, no pixels
+    #                                    (coordl/loader/devprep.py)
     coordinator: Any = None            # a coordinated loader's daemon client (coordinator/client.py),
     #                                    for a framework that re-creates the loader from its dataset

@@ -46,6 +46,7 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from coordl import names
 from coordl.batch import collate
 from coordl.buffers import EXTRA_SLOTS
 from coordl.coordinator.client import connect
@@ -138,6 +139,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             (NVIDIA DALI fed from coordl's reader and caches; coordl/loader/dali.py).
         dali_device: with ``backend="dali"``: ``"cpu"`` (default; device_id=None) or ``"gpu"``
             (nvJPEG ``mixed`` decode and GPU resize; needs a CUDA GPU).
+        device: ``"cuda"`` (or ``"cuda:1"``): workers send encoded bytes and crop plans, this
+            process decodes and augments whole batches there (coordl/loader/devprep.py);
+            ``"cpu"``: the same path on CPU tensors. None (default): workers prepare pixels.
+        device_dtype: with ``device``: torch.uint8 (default), or torch.float32 / float16 /
+            bfloat16, normalised with ImageNet's mean and std, channels_last.
+        decoder: with ``device``: ``"auto"``, ``"nvimgcodec"``, ``"torchvision"`` or ``"cpu"``.
     """
 
     def __init__(
@@ -168,6 +175,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         world_size: int | None = None,
         backend: str = "cpu",
         dali_device: str = "cpu",
+        device: str | torch.device | None = None,
+        device_dtype: torch.dtype = torch.uint8,
+        decoder: str = "auto",
     ) -> None:
         _record_for_lightning(self, {k: v for k, v in locals().items() if k not in ("self", "__class__")})
         opts = self.options = LoaderOptions(cache, drop_page_cache, coordinator, reuse_buffers, rank,
@@ -183,6 +193,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         sampler, shuffle = self._sharding(dataset, coordl_ds, sampler, batch_sampler, shuffle,
                                           drop_last, generator, opts.ranks is not None)
         dataset, self._counters = _bound(dataset, coordl_ds, opts, num_workers)
+        self.device, self.device_dtype, self.decoder = _check_device(dataset, device, device_dtype, decoder,
+                                                                     backend, coordinator)
+        if self.device is not None:
+            dataset.binding.encoded = True
         self.backend, self.dali_device = backend, dali_device  # backend before torch's __init__:
         # check_worker_number_rationality reads it
         super().__init__(
@@ -350,6 +364,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self.backend == "dali":
             from coordl.loader.dali import dali_epoch
             return dali_epoch(self, self._index_sampler, self._bound, self._position)
+        if self.device is not None:
+            from coordl.loader.devprep import device_epoch
+            return device_epoch(super().__iter__(), self._bound, self.device, self.device_dtype, self.decoder)
         if isinstance(self.dataset, IterableDataset) and self._epoch_skip:
             pos.received = 0  # the replayed batches are received (and counted) again, then dropped
             return self._replay(super().__iter__(), self._epoch_skip)
@@ -515,3 +532,27 @@ def _record_for_lightning(loader: DataLoader, arguments: dict) -> None:
     object.__setattr__(loader, "__pl_saved_kwargs", arguments)
     object.__setattr__(loader, "__pl_saved_arg_names", ("dataset",))
     object.__setattr__(loader, "__pl_saved_default_kwargs", {})
+
+
+def _check_device(dataset: Any, device: Any, dtype: Any, decoder: str, backend: str, coordinator: Any):
+    """(device, dtype, decoder) of DataLoader(device=...), or ConfigError naming what does not go with it."""
+    if device is None:
+        return None, dtype, decoder
+    from coordl.pipelines import batchaug, batchdecode
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device={device!r} is not a torch device: use 'cuda', 'cuda:1' or 'cpu'") from None
+    if device.type != "cuda" and device.type != "cpu":
+        raise ConfigError(f"device={device!r}: batch prep runs on 'cuda' or 'cpu'")
+    if backend != "cpu" or coordinator is not None:
+        raise ConfigError("device= prepares batches in this process; it does not go with backend='dali' or "
+                          "coordinator=: drop one of them")
+    if getattr(dataset, "transform", None) not in names.TRANSFORMS or not hasattr(dataset, "_encoded_batch"):
+        raise ConfigError(f"device={str(device)!r} needs a coordl.ImageFolder or coordl.WebDataset with "
+                          f"transform='train' or 'val'; {type(dataset).__name__} is not one")
+    if dtype not in batchaug.OUT_DTYPES:
+        raise ConfigError(f"device_dtype={dtype!r}: use torch.uint8, torch.float32, torch.float16 or torch.bfloat16")
+    if decoder not in batchdecode.DECODERS:
+        raise ConfigError(f"decoder={decoder!r}: use one of {', '.join(batchdecode.DECODERS)}")
+    return str(device), dtype, decoder

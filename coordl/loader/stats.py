@@ -41,6 +41,9 @@ KEYS: tuple[str, ...] = (
                        # ahead (PartitionedCache read_ahead), read while the batch before was prepared
     "storage_requests",  # object storage (a dataset at a URL): GET requests sent, retries included
     "storage_retries",   # object storage: GETs retried after throttling, a 5xx, a timeout or a lost connection
+    "gpu_decodes",       # DataLoader(device=...): images the batch decoder (GPU, or its CPU stand-in) decoded
+    "gpu_cpu_fallbacks",  # ... images it refused or does not take (progressive, CMYK...), decoded on the CPU
+    "gpu_prep_us",       # ... microseconds the training process spent decoding and augmenting batches
 )
 _INDEX = {k: i for i, k in enumerate(KEYS)}
 

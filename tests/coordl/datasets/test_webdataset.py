@@ -318,3 +318,19 @@ def test_partitioned_read_ahead_gives_the_same_batches_with_the_same_mgets(shard
         for (xo, yo), (xa, ya) in zip(off[:10], on[:10]):
             assert xo.equal(xa) and yo.equal(ya)
     assert runs[False][1][-1] == runs[True][1][-1] and runs[False][2][-1] == runs[True][2][-1]
+
+
+def test_device_prep_gives_imagefolders_device_batches_from_shards(tiny_root, shards):
+    """DataLoader(device="cpu"): the shards' bytes and plans go through WebDataset's own fetch
+    (coalesced tar reads) and give the very batches ImageFolder's files give on the same path."""
+    web = coordl.DataLoader(coordl.WebDataset(shards[0], transform="train", size=48, seed=7), batch_size=8,
+                            shuffle=True, num_workers=1, device="cpu", decoder="cpu")
+    folder = coordl.DataLoader(coordl.ImageFolder(tiny_root, transform="train", size=48, seed=7), batch_size=8,
+                               shuffle=True, num_workers=1, device="cpu", decoder="cpu")
+    got, want = _batches(web), _batches(folder)
+    assert len(got) == len(want) == 5
+    for (x, y), (u, v) in zip(got, want):
+        assert torch.equal(x, u) and torch.equal(y, v)
+    stats = web.stats()
+    assert stats["gpu_decodes"] + stats["gpu_cpu_fallbacks"] == stats["samples"] == 40
+    assert stats["storage_reads"] < 40  # neighbouring tar members read together
