@@ -16,8 +16,9 @@ daemon):
 - storage bytes and decodes per epoch: the daemon's own counters
   (`storage_bytes`, `decodes` of `Client.stats()`), against N = 1;
 - each job's images/s (its images / time from receiving its first batch to the end of its
-  last step, which includes every step's compute) against the same job alone; `compute-bound` is that rate over 1 / compute-ms,
-  the rate a job whose every batch is ready when asked for gets.
+  last step, which includes every step's compute) against the same job alone;
+  `compute-bound` is that rate over 1 / compute-ms, the rate of a job whose every batch
+  is ready when asked for.
 
 The daemon runs `--epochs E` and exits when every job has had them, so nothing is
 prepared that no job takes. A tiny run: `--ns 1,2 --batch-sizes 8,16 --chunk 4 --size 32
