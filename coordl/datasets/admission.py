@@ -12,8 +12,10 @@ decode (a 150 MB object that is not an image: 150 MiB of the cache) and be skipp
 the cache every epoch. Offering after prep keeps failures out; an item that failed is
 read from storage again the next epoch and fails again (counted in ``errors_skipped``).
 
-Outside an `admitting` block (a caller of `ds.fetch` that preps elsewhere: the DALI flow,
-the profiler's byte reads) a read is offered at once, as before.
+The DALI flow decodes a batch after its fetch returned, with batches in flight: its fetch
+holds the reads in an `admitting` block and passes them on (`defer`); its settle offers the
+kept items' bytes (`admit_deferred`) and drops the failed ones'. Outside both (the profiler's
+byte reads) a read is offered at once, as before.
 
 The held bytes live in the process that read them (a worker, the training process, a
 prep worker of the daemon), for the length of one batch: the bytes prep is using anyway.
@@ -65,3 +67,26 @@ def _put(ds: Any, read: dict[int, Any]) -> None:
     inserted = sum(1 for i, raw in read.items() if cache.put(i, raw))
     if inserted:
         ds.counters.add(cache_inserts=inserted)
+
+
+def defer(ds: Any) -> None:
+    """Inside an `admitting` block: keep what it holds for a later `admit_deferred` (the DALI
+    flow: decoded after fetch returns). One entry per item read from storage, dropped there."""
+    if ds._held:
+        if ds._deferred is None:
+            ds._deferred = {}
+        ds._deferred.update(ds._held)
+        ds._held.clear()
+
+
+def admit_deferred(ds: Any, kept: list[int], failed: list[int]) -> None:
+    """After DALI: the `kept` items' deferred bytes are offered to the cache, the `failed` ones'
+    dropped."""
+    deferred = ds._deferred
+    if not deferred:
+        return
+    for i in failed:
+        deferred.pop(i, None)
+    read = {i: deferred.pop(i) for i in kept if i in deferred}
+    if read:
+        _put(ds, read)

@@ -131,6 +131,7 @@ class CoordlDataset(torch.utils.data.Dataset):
     on_error: str = "raise"  # a SampleError from read or prep: "raise", or "skip" (dropped and counted)
     epoch: int = 0          # the epoch `ds[i]` uses (the loader tags batches with theirs)
     _held: dict[int, Any] | None = None  # reads waiting for their prep (coordl/datasets/admission.py)
+    _deferred: dict[int, Any] | None = None  # reads waiting for DALI's decode (admission.defer)
 
     def __init__(self, *, seed: int = 0, on_error: str = "raise") -> None:
         """Optional: a subclass may call it to set (and check) `seed` and `on_error`."""

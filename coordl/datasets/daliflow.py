@@ -21,21 +21,26 @@ import numpy as np
 
 from coordl.errors import SampleError, at_item
 
+from . import admission
 from .onerror import sample_error, skip_or_raise
 
 
 def fetch(ds: Any, indices: Iterable[int]) -> tuple[list, list[int]]:
     """The encoded bytes of `indices` (``ds.fetch``) and the items they belong to; an item whose
-    bytes cannot be read is raised or skipped by ``ds.on_error``. Counts the items as ``decodes``."""
+    bytes cannot be read is raised or skipped by ``ds.on_error``. Counts the items as ``decodes``.
+    Bytes read from storage wait for `settle` to enter the cache (admission.defer): a file DALI
+    cannot decode never takes cache space."""
     raws, items = [], []
-    for i in indices:
-        i = int(i)
-        try:
-            raws.append(ds.fetch(i))
-        except SampleError as e:
-            skip_or_raise(ds.on_error, ds.counters, at_item(sample_error(ds.manifest.path(i), e), i))
-            continue
-        items.append(i)
+    with admission.admitting(ds):
+        for i in indices:
+            i = int(i)
+            try:
+                raws.append(ds.fetch(i))
+            except SampleError as e:
+                skip_or_raise(ds.on_error, ds.counters, at_item(sample_error(ds.manifest.path(i), e), i))
+                continue
+            items.append(i)
+        admission.defer(ds)
     ds.counters.add(decodes=len(items))
     return raws, items
 
@@ -43,10 +48,11 @@ def fetch(ds: Any, indices: Iterable[int]) -> tuple[list, list[int]]:
 def settle(ds: Any, items: list[int], kept: Iterable[int], errors: Mapping[int, Exception]) -> list[int]:
     """After DALI: each error (by position in `items`) raised naming its file, or skipped, in
     order; the kept items (positions `kept`), counted as ``samples``."""
+    out = [items[pos] for pos in kept]
+    admission.admit_deferred(ds, out, [items[pos] for pos in errors])
     for pos in sorted(errors):
         skip_or_raise(ds.on_error, ds.counters, at_item(sample_error(ds.manifest.path(items[pos]), errors[pos]),
                                                         items[pos]))
-    out = [items[pos] for pos in kept]
     ds.counters.add(samples=len(out))
     return out
 

@@ -148,3 +148,19 @@ def test_a_cut_short_wav_skipped_is_not_cached(tmp_path, dropped):
     second = _epoch(loader)
     assert second["storage_reads"] == 1 and second["storage_bytes"] == BROKEN // 10
     assert second["cache_hits"] == n - 1 and second["errors_skipped"] == 1
+
+
+def test_a_file_dali_cannot_decode_is_not_cached(tiny_root, tmp_path, dropped):
+    """The DALI backend decodes after the batch's fetch returned (batches in flight): its reads
+    wait for DALI's verdict before they enter the cache."""
+    pytest.importorskip("nvidia.dali", reason="the DALI backend needs nvidia-dali (install.sh installs it)")
+    root = str(tmp_path / "data")
+    shutil.copytree(tiny_root, root, copy_function=shutil.copy)
+    cls = sorted(os.listdir(root))[0]
+    _broken(os.path.join(root, cls, "broken.jpg"))
+    ds = coordl.ImageFolder(root, transform="val", size=32, on_error="skip")
+    dropped.append(ds)
+    n, total = len(ds), ds.manifest.total_bytes
+    loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, cache=total, backend="dali")
+    dropped.append(loader.dataset)
+    _check_two_epochs(loader, n, total)
