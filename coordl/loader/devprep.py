@@ -46,7 +46,7 @@ class _Pending:
     encoded: Any                               # the EncodedBatch (or what the loader yielded as is)
     got: batchprep.Prepared | None = None      # its prep, launched (None: not an EncodedBatch)
     error: BaseException | None = None         # raised at its turn: StopIteration, a worker's error
-    ready: torch.cuda.Event | None = None      # recorded on the side stream after its prep (CUDA)
+    ready: Any = None                          # CUDA: an Event recorded on the side stream after its prep
     prep_us: int = 0
 
 
@@ -97,7 +97,8 @@ class DeviceEpoch(Iterator):
             self._pos.received += 1
         if pending.error is not None:
             raise pending.error
-        encoded, got, ds = pending.encoded, pending.got, self._ds
+        encoded: Any = pending.encoded
+        got, ds = pending.got, self._ds
         if got is None:
             return encoded
         for pos in sorted(got.errors):
