@@ -161,14 +161,18 @@ def test_a_batch_the_user_keeps_is_never_overwritten_and_misses_are_counted(phot
     assert len({i.untyped_storage().data_ptr() for i, _ in kept}) == 5
     plain = list(_loader(photo_root, device_buffers=0))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, plain))
-    first = next(iter(loader))  # batch 0 of epoch 1, kept while the whole epoch runs
-    copy = first[0].clone()
+    pooled = {i.untyped_storage().data_ptr() for i, _ in kept[:2]}
+    del kept, plain  # the pool's buffers are free again
+    first = next(iter(loader))  # batch 0 of epoch 1, in a pool buffer, kept while the whole epoch runs
+    copy, at = first[0].clone(), first[0].untyped_storage().data_ptr()
     rest = [i.untyped_storage().data_ptr() for i, _ in loader]
-    assert first[0].untyped_storage().data_ptr() not in rest and torch.equal(first[0], copy)
+    assert at in pooled and at not in rest and torch.equal(first[0], copy)
+    assert loader.stats()["gpu_buffer_misses"] > 3  # the other buffer alone could not hold every batch
 
 
-def test_resume_with_a_batch_prepared_ahead_is_counted_right(photo_root):
-    first = _loader(photo_root)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_with_a_batch_prepared_ahead_is_counted_right(photo_root, workers):
+    first = _loader(photo_root, num_workers=workers)
     it = iter(first)
     next(it), next(it)  # batch 2 is prepared ahead, not received
     state = first.state_dict()
