@@ -145,6 +145,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         device_dtype: with ``device``: torch.uint8 (default), or torch.float32 / float16 /
             bfloat16, normalised with ImageNet's mean and std, channels_last.
         decoder: with ``device``: ``"auto"``, ``"nvimgcodec"``, ``"torchvision"`` or ``"cpu"``.
+        device_buffers: with ``device``: the batches' output buffers kept on the device and
+            reused once you dropped a batch (default 3: the one your loop still holds as it asks
+            for the next, the one handed out, the one prepared ahead); batch k+1 is prepared while step k runs.
+            0: each batch a new tensor, prepared when asked for (coordl/loader/devpool.py).
     """
 
     def __init__(
@@ -178,6 +182,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         device: str | torch.device | None = None,
         device_dtype: torch.dtype = torch.uint8,
         decoder: str = "auto",
+        device_buffers: int = 3,
     ) -> None:
         _record_for_lightning(self, {k: v for k, v in locals().items() if k not in ("self", "__class__")})
         opts = self.options = LoaderOptions(cache, drop_page_cache, coordinator, reuse_buffers, rank,
@@ -197,6 +202,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                                                                      backend, coordinator)
         if self.device is not None:
             dataset.binding.encoded = True
+            self._device_pool = _device_pool(device_buffers, self.device, self.device_dtype)
         self.backend, self.dali_device = backend, dali_device  # backend before torch's __init__:
         # check_worker_number_rationality reads it
         super().__init__(
@@ -366,7 +372,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return dali_epoch(self, self._index_sampler, self._bound, self._position)
         if self.device is not None:
             from coordl.loader.devprep import device_epoch
-            return device_epoch(super().__iter__(), self._bound, self.device, self.device_dtype, self.decoder)
+            return device_epoch(super().__iter__(), self._bound, self.decoder, self._device_pool, pos)
         if isinstance(self.dataset, IterableDataset) and self._epoch_skip:
             pos.received = 0  # the replayed batches are received (and counted) again, then dropped
             return self._replay(super().__iter__(), self._epoch_skip)
@@ -532,6 +538,14 @@ def _record_for_lightning(loader: DataLoader, arguments: dict) -> None:
     object.__setattr__(loader, "__pl_saved_kwargs", arguments)
     object.__setattr__(loader, "__pl_saved_arg_names", ("dataset",))
     object.__setattr__(loader, "__pl_saved_default_kwargs", {})
+
+
+def _device_pool(slots: Any, device: str, dtype: torch.dtype):
+    from coordl.loader.devpool import DevicePool
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+        raise ConfigError(f"device_buffers={slots!r} must be an int >= 0 (the batches' reused device buffers; "
+                          "0: a new tensor for each batch)")
+    return DevicePool(slots, device, dtype)
 
 
 def _check_device(dataset: Any, device: Any, dtype: Any, decoder: str, backend: str, coordinator: Any):

@@ -44,6 +44,7 @@ KEYS: tuple[str, ...] = (
     "gpu_decodes",       # DataLoader(device=...): images the batch decoder (GPU, or its CPU stand-in) decoded
     "gpu_cpu_fallbacks",  # ... images it refused or does not take (progressive, CMYK...), decoded on the CPU
     "gpu_prep_us",       # ... microseconds the training process spent decoding and augmenting batches
+    "gpu_buffer_misses",  # ... batches that found every pool buffer in use (device_buffers): a new tensor
 )
 _INDEX = {k: i for i, k in enumerate(KEYS)}
 

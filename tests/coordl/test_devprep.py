@@ -91,3 +91,116 @@ def test_cuda_batches_are_on_the_gpu(photo_root):
     images, _labels = next(iter(loader))
     assert images.device.type == "cuda" and images.shape == (8, 3, 64, 64)
     assert np.isfinite(loader.stats()["gpu_prep_us"])
+
+
+# -- overlap: one batch prepared ahead, a fixed pool of output buffers (coordl/loader/devpool.py) --
+
+def _loader(root, **kw):
+    ds = coordl.ImageFolder(root, "train", size=32, seed=7, manifest_cache="off", **kw.pop("ds", {}))
+    return coordl.DataLoader(ds, batch_size=kw.pop("batch_size", 5), shuffle=True, device="cpu", decoder="cpu", **kw)
+
+
+def test_pooled_look_ahead_batches_equal_the_unpooled_ones_and_use_at_most_k_buffers(photo_root):
+    plain = [(i.clone(), t.clone()) for i, t in _loader(photo_root, device_buffers=0)]
+    loader, ptrs, got = _loader(photo_root), set(), []
+    for images, labels in loader:  # the loop drops each batch as it asks for the next
+        ptrs.add(images.untyped_storage().data_ptr())
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        got.append((images.clone(), labels.clone()))
+    assert len(got) == len(plain) == 5 and got[-1][0].shape[0] == 4  # 24 = 4 x 5 + 4: the last one short
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, plain))
+    assert len(ptrs) <= 3 and loader.stats()["gpu_buffer_misses"] == 0
+    again = set()
+    for images, _labels in loader:  # the pool is the loader's: the next epoch reuses the same buffers
+        again.add(images.untyped_storage().data_ptr())
+    assert again <= ptrs
+
+
+def test_batch_k_plus_1_is_prepared_when_batch_k_is_handed_out(photo_root):
+    ahead, plain = _loader(photo_root), _loader(photo_root, device_buffers=0)
+    next(iter(ahead)), next(iter(plain))
+    assert ahead.stats()["samples"] == 10 and plain.stats()["samples"] == 5  # batch 1's items were fetched
+    assert ahead.stats()["gpu_decodes"] == plain.stats()["gpu_decodes"] == 5  # counted as batch 0 is handed out
+
+
+def _with_a_bad_file(photo_root, tmp_path) -> str:
+    root = str(tmp_path / "data")
+    shutil.copytree(photo_root, root)
+    cls = sorted(os.listdir(root))[1]
+    path = os.path.join(root, cls, sorted(os.listdir(os.path.join(root, cls)))[0])  # item 8: batch 1
+    raw = open(path, "rb").read()
+    k = raw.index(b"\xff\xc4")
+    with open(path, "wb") as f:  # a bogus Huffman table: header and markers pass, the decode fails
+        f.write(raw[:k + 5] + bytes([0xFF] * 16) + raw[k + 21:])
+    return root
+
+
+def test_a_bad_file_prepared_ahead_raises_at_its_own_batch_or_is_skipped(photo_root, tmp_path):
+    root = _with_a_bad_file(photo_root, tmp_path)
+    for buffers in (3, 0):
+        it = iter(coordl.DataLoader(coordl.ImageFolder(root, "val", size=32, manifest_cache="off"), batch_size=5,
+                                    device="cpu", decoder="cpu", device_buffers=buffers))
+        assert next(it)[0].shape[0] == 5  # batch 0 is handed out although batch 1 (prepared ahead) fails
+        with pytest.raises(SampleError):
+            next(it)
+        assert torch.equal(next(it)[1], torch.tensor([1, 1, 1, 1, 1]))  # batch 2 (items 10-14) after it
+    got = {}
+    for buffers in (3, 0):
+        loader = coordl.DataLoader(coordl.ImageFolder(root, "val", size=32, manifest_cache="off", on_error="skip"),
+                                   batch_size=5, device="cpu", decoder="cpu", device_buffers=buffers)
+        got[buffers] = [(i.clone(), t.clone()) for i, t in loader]
+        assert loader.stats()["errors_skipped"] == 1 and loader.stats()["samples"] == 23
+    assert [i.shape[0] for i, _ in got[3]] == [5, 4, 5, 5, 4]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got[3], got[0]))
+
+
+def test_a_batch_the_user_keeps_is_never_overwritten_and_misses_are_counted(photo_root):
+    loader = _loader(photo_root, device_buffers=2)
+    kept = list(loader)  # every batch kept: the pool's 2 buffers, then a fresh tensor for each
+    assert loader.stats()["gpu_buffer_misses"] == 3
+    assert len({i.untyped_storage().data_ptr() for i, _ in kept}) == 5
+    plain = list(_loader(photo_root, device_buffers=0))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, plain))
+    pooled = {i.untyped_storage().data_ptr() for i, _ in kept[:2]}
+    del kept, plain  # the pool's buffers are free again
+    first = next(iter(loader))  # batch 0 of epoch 1, in a pool buffer, kept while the whole epoch runs
+    copy, at = first[0].clone(), first[0].untyped_storage().data_ptr()
+    rest = [i.untyped_storage().data_ptr() for i, _ in loader]
+    assert at in pooled and at not in rest and torch.equal(first[0], copy)
+    assert loader.stats()["gpu_buffer_misses"] > 3  # the other buffer alone could not hold every batch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_with_a_batch_prepared_ahead_is_counted_right(photo_root, workers):
+    first = _loader(photo_root, num_workers=workers)
+    it = iter(first)
+    next(it), next(it)  # batch 2 is prepared ahead, not received
+    state = first.state_dict()
+    rest = [(i.clone(), t.clone()) for i, t in it]
+    again = _loader(photo_root)
+    again.load_state_dict(state)
+    resumed = list(again)
+    assert len(resumed) == len(rest) == 3
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(resumed, rest))
+
+
+def test_the_device_buffers_argument_is_checked(photo_root):
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="device_buffers="):
+            _loader(photo_root, device_buffers=bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+def test_cuda_batches_come_from_a_side_stream_and_the_pool(photo_root):
+    loader = coordl.DataLoader(coordl.ImageFolder(photo_root, "train", size=64, seed=7), batch_size=5,
+                               device="cuda", decoder="auto")
+    it = iter(loader)
+    ptrs, sums = set(), []
+    for images, _labels in it:
+        assert it._side is not None and torch.cuda.current_stream() != it._side
+        ptrs.add(images.untyped_storage().data_ptr())
+        sums.append(int(images.double().sum()))  # read on the user's stream
+    plain = [int(i.double().sum()) for i, _ in coordl.DataLoader(
+        coordl.ImageFolder(photo_root, "train", size=64, seed=7), batch_size=5, device="cuda",
+        decoder="auto", device_buffers=0)]
+    assert sums == plain and len(ptrs) <= 3 and loader.stats()["gpu_buffer_misses"] == 0
