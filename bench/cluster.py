@@ -22,7 +22,7 @@ Each server ``cdlcl<i>`` is a Linux network namespace with one veth link to a br
   latency). The JSON's ``latency_via`` says which was used, ``link_measured`` what a client saw.
 
 In each namespace run its cache node (redis-server with coordl's node configuration,
-`coordl.cache.redisnode.NodeConfig`: maxmemory, noeviction, no persistence, a password)
+`coordl.cache.partitioned.redisnode.NodeConfig`: maxmemory, noeviction, no persistence, a password)
 and one rank: ``coordl.DataLoader(ds, rank=i, world_size=N, shuffle=True,
 drop_page_cache=True)``, in lockstep epochs (the bench waits for every rank at each
 epoch's start, as data-parallel training's allreduce does). All ranks and their workers
@@ -582,7 +582,7 @@ def _expect(proc: subprocess.Popen, what: str, timeout: float = 600) -> str:
 
 
 def start_nodes(args, budget: int, password: str, tmp: str, relay: bool) -> list[str]:
-    from coordl.cache import nodeurl, redisnode
+    from coordl.cache.partitioned import nodeurl, redisnode
 
     urls = []
     for i in range(args.servers):
@@ -611,7 +611,7 @@ def link_check(url: str, pings: int = 50, size: int = 4 * MiB, gets: int = 5) ->
     deleted after)."""
     import statistics
 
-    from coordl.cache import redisnode
+    from coordl.cache.partitioned import redisnode
 
     client = redisnode.redis_module().Redis.from_url(url, socket_timeout=30)
     try:

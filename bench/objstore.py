@@ -88,7 +88,7 @@ s3server = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(s3server)
 MotoServer, upload_folder = s3server.MotoServer, s3server.upload_folder
 
-from coordl.cache.objstore import ObjectStore  # noqa: E402
+from coordl.cache.storage.objstore import ObjectStore  # noqa: E402
 from coordl.cli.make_dataset import make_dataset  # noqa: E402
 
 
@@ -151,7 +151,7 @@ class S3fsImages:
 
 
 _PROBE = """import json, sys
-from coordl.cache.objstore import ObjectStore
+from coordl.cache.storage.objstore import ObjectStore
 url, options, key = json.loads(sys.argv[1])
 store = ObjectStore.from_url(url, options)
 store.read(key)

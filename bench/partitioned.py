@@ -102,7 +102,7 @@ def _server(rank: int, args, side: str, urls: list[str], budget: int, procs_file
 
 def run_side(args, side: str, budget: int, files: list[str]) -> list[list[dict]]:
     """Per server, per epoch: the measurements of one side."""
-    from coordl.cache import redisnode
+    from coordl.cache.partitioned import redisnode
 
     pagecache.evict(files)
     throttle = (cgroup.disk_of(args.data), int(args.throttle_mbps * MiB)) if args.throttle_mbps else None
@@ -166,7 +166,7 @@ def local_reads(args) -> dict:
                              "--maxmemory-policy", "noeviction", "--dir", tmp], stdout=subprocess.DEVNULL)
     minio = coordl.MinIOCache(2 * sum(map(len, raws)), name=f"bench-local-{os.getpid()}")
     try:
-        from coordl.cache import redisnode
+        from coordl.cache.partitioned import redisnode
         redisnode.wait_ready(f"redis://127.0.0.1:{port}/0", proc)
         tcp = coordl.PartitionedCache([f"redis://127.0.0.1:{port}/0"], 0).open(ds.fingerprint, len(ds))
         uds = coordl.PartitionedCache([f"unix://{sock}"], 0,  # the same node by another name: its own list

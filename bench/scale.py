@@ -277,7 +277,7 @@ def loader_memory(root: str, store: str, which: str, items: int, workers: int = 
 
 
 def index_figures(root: str, store: str) -> dict:
-    from coordl.cache import placement
+    from coordl.cache.partitioned import placement
     from coordl.loader import sampling
     from coordl.loader.caching import MinIOCache
     from coordl.manifest import build as manifest

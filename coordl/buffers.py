@@ -33,7 +33,7 @@ before its FREE store. A weakly ordered CPU (aarch64, POWER) may let the worker
 see FREE and overwrite the buffer before those reads are done, and nothing
 here orders them, so `WorkerBuffers` refuses to run there (`check_platform`:
 pass ``reuse_buffers=False``). The MinIO cache has no such limit: its readers
-verify a checksum and take the lock on a mismatch (cache/layout.py NOTE). A batch the
+verify a checksum and take the lock on a mismatch (cache/minio/layout.py NOTE). A batch the
 user keeps (a list of batches, gradient accumulation) keeps its buffer LENT;
 the worker then allocates a fresh buffer, as torch does, and counts it in
 `stats()["batch_buffers"]`. The buffers are torch's anonymous shared memory

@@ -200,7 +200,7 @@ def photo_root(tmp_path_factory) -> str:
     return root
 
 
-# -- real redis-server processes for the partitioned cache (coordl.cache.redisnode) --
+# -- real redis-server processes for the partitioned cache (coordl.cache.partitioned.redisnode) --
 
 class RedisNode:
     """One redis-server child on a free loopback port, configured as `coordl cache-node start` does."""
@@ -216,14 +216,14 @@ class RedisNode:
 
     @property
     def cfg(self):
-        from coordl.cache.redisnode import NodeConfig
+        from coordl.cache.partitioned.redisnode import NodeConfig
         return NodeConfig(port=self.port, memory=self.memory, password=self.password)
 
     def start(self, port: int | None = None) -> RedisNode:
         """Start (again, on the same port when it had one); wait until it answers PING."""
         import socket
 
-        from coordl.cache import redisnode
+        from coordl.cache.partitioned import redisnode
         from coordl.errors import CacheError
         for _ in range(5):
             if port or self.port:

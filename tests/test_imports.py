@@ -89,8 +89,8 @@ def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read():
     g = graph()
-    assert "coordl.loader.dataloader" in g and "coordl.cache.minio" in g
-    assert "coordl.cache.shm" in g["coordl.cache.minio"]  # a relative `from . import shm`
+    assert "coordl.loader.dataloader" in g and "coordl.cache.minio.cache" in g
+    assert "coordl.cache.shm" in g["coordl.cache.minio.cache"]  # a relative `from . import shm`
     assert "coordl.errors" in g["coordl.loader.dataloader"]
     assert "coordl.manifest._statnames" in g["coordl.manifest.walk"]  # inside a try, a C extension
 

@@ -15,10 +15,10 @@ def test_only_coordl_is_an_import_name():
 
 
 def test_subpackages_import_from_their_folders():
-    import coordl.cache.storage
+    import coordl.cache.storage.localfile
     import coordl.pipelines.cpu
 
-    assert coordl.cache.storage.__file__.endswith("cache/storage.py")
+    assert coordl.cache.storage.localfile.__file__.endswith("cache/storage/localfile.py")
     assert coordl.pipelines.cpu.__file__.endswith("pipelines/cpu.py")
 
 

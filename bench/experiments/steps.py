@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 
 import coordl
-from coordl.cache import storage
+from coordl.cache.storage import localfile
 from coordl.pipelines import cpu as cpu_pipeline
 from coordl.pipelines import crop, roi
 
@@ -57,7 +57,7 @@ def _numpy_box(width: int, height: int, rng) -> tuple[int, int, int, int]:
 
 
 def _read_1mib(path: str) -> bytes:
-    """storage.read_file before: a 1 MiB os.read until EOF."""
+    """localfile.read_file before: a 1 MiB os.read until EOF."""
     fd = os.open(path, os.O_RDONLY)
     try:
         chunks = []
@@ -84,7 +84,7 @@ def run_once(ds, idx: list[int], size: int, variant: str) -> dict[str, float]:
         for n, i in enumerate(idx[b:b + BATCH]):
             t0 = ns()
             path = ds.manifest.path(i)
-            raw = _read_1mib(path) if variant == "read" else storage.read_file(path)
+            raw = _read_1mib(path) if variant == "read" else localfile.read_file(path)
             t1 = ns()
             add("read file", t1 - t0)
             w, h, _ok = roi.header(raw)

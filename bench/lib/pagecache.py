@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from coordl.cache.storage import evict  # noqa: F401  (re-exported for the benchmarks)
+from coordl.cache.storage.localfile import evict  # noqa: F401  (re-exported for the benchmarks)
 
 
 def read_bytes(pids: list[int]) -> int:

@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 import click
 
-from coordl.cache import admin, shm
+from coordl.cache import shm
+from coordl.cache.minio import admin
 from coordl.cache.sizes import fmt_bytes
 from coordl.coordinator.cleanup import cleanup as coordinator_cleanup
 
@@ -119,7 +120,7 @@ def _count(n: int, kind: str) -> str:
 
 def _memory(directory: str, name: str) -> str:
     """What the segment takes in the folder now: its index and the cached items' pages (the
-    arena is allocated as it fills, see coordl.cache.minio NOTE [capacity])."""
+    arena is allocated as it fills, see coordl.cache.minio.cache NOTE [capacity])."""
     try:
         return fmt_bytes(os.stat(os.path.join(directory, name)).st_blocks * 512)
     except FileNotFoundError:

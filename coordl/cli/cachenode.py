@@ -6,8 +6,8 @@
     coordl cache-node stop
 
 (`--memory` is the old name of `--cache`, still accepted.) The server's configuration and
-lifecycle are in `coordl.cache.redisnode`; which process is a node, and who holds a port, in
-`coordl.cache.nodeproc`; URLs with passwords in `coordl.cache.nodeurl`. No message prints a
+lifecycle are in `coordl.cache.partitioned.redisnode`; which process is a node, and who holds a port, in
+`coordl.cache.partitioned.nodeproc`; URLs with passwords in `coordl.cache.partitioned.nodeurl`. No message prints a
 password: URLs are shown as redis://***@host:port/db and errors are scrubbed.
 """
 
@@ -20,7 +20,7 @@ import tempfile
 
 import click
 
-from coordl.cache import membership, nodeproc, nodetls, nodeurl, redisnode
+from coordl.cache.partitioned import membership, nodeproc, nodetls, nodeurl, redisnode
 from coordl.cache.sizes import fmt_bytes, parse_size
 from coordl.errors import CacheError, ConfigError
 
@@ -264,10 +264,10 @@ def members_cmd(urls: tuple[str, ...], update: bool, tls_ca: str | None, tls_cer
     Without --update it only reads, and fails when a node belongs to another list. With --update
     (between epochs, no job running) it writes URLS as the list of every node in it; the nodes
     that stay keep their cached items (README, 'Adding, removing or replacing a cache node')."""
-    from coordl.cache import partitioned
+    from coordl.cache.partitioned.cache import check_nodes
 
     redis = redisnode.redis_module()
-    nodes = partitioned._check_nodes(list(urls))   # a node twice, a bad URL: ConfigError
+    nodes = check_nodes(list(urls))   # a node twice, a bad URL: ConfigError
     tls = nodetls.options(nodes, tls_ca, tls_cert, tls_key)
     names = [redisnode.node_name(u) for u in nodes]
     membership.one_server_each([redisnode.redact(u) for u in nodes], [_run_id(u, tls) for u in nodes])

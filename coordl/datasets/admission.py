@@ -7,7 +7,7 @@
                                      # leaving the block drops what is still held
 
 A MinIO cache (and a partitioned one) admits the first items it is offered and never
-evicts (cache/minio.py), so an item offered before its prep would keep bytes that do not
+evicts (cache/minio/cache.py), so an item offered before its prep would keep bytes that do not
 decode (a 150 MB object that is not an image: 150 MiB of the cache) and be skipped from
 the cache every epoch. Offering after prep keeps failures out; an item that failed is
 read from storage again the next epoch and fails again (counted in ``errors_skipped``).

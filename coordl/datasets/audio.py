@@ -30,8 +30,8 @@ import torch
 
 from coordl.batch import PreparedBatch
 from coordl.buffers import new_shared
-from coordl.cache import storage
-from coordl.datasets import admission, sources
+from coordl.cache.storage import localfile, readers
+from coordl.datasets import admission
 from coordl.datasets.imagefolder import _NO_COUNTERS, _ON_ERROR, CoordlDataset, _epoch_of
 from coordl.errors import ConfigError, SampleError
 from coordl.manifest.build import scan
@@ -129,8 +129,8 @@ class AudioFolder(CoordlDataset):
         """Item i's bytes from storage (uncounted, uncached: `fetch` does both)."""
         path = self.manifest.path(i)
         try:
-            return storage.read_file(path, drop_page_cache=self.drop_page_cache,
-                                     expect=sources.listed(self.manifest, i))
+            return localfile.read_file(path, drop_page_cache=self.drop_page_cache,
+                                     expect=readers.listed(self.manifest, i))
         except OSError as e:
             raise SampleError(f"{path}: cannot read the file ({e.strerror or e}): check that it "
                               "exists and is readable, or pass on_error='skip'") from None

@@ -35,7 +35,7 @@ import torch
 from coordl import names
 from coordl.batch import EncodedBatch, PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
-from coordl.cache import storage
+from coordl.cache.storage import localfile, readers
 from coordl.datasets import admission, sources
 from coordl.datasets.base import CoordlDataset, cached, epoch_of
 from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
@@ -51,15 +51,15 @@ _NoCounters, _NO_COUNTERS = NoCounters, NO_COUNTERS  # (coordl/loader/binding.py
 
 
 def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futures.Future]:
-    """Start reading `items` from storage on this process's reader threads (sources.py's one pool
+    """Start reading `items` from storage on this process's reader threads (readers.py's one pool
     per process, made on first use: a pool inherited through fork has no threads)."""
     if not items:
         return {}
-    if ds.objects is not None:  # objects: one concurrent request per miss (datasets/sources.py)
+    if ds.objects is not None:  # objects: one concurrent request per miss (cache/storage/readers.py)
         return ds.objects.read_ahead(items, ds.counters)
-    pool, drop = sources.reader_pool(), ds.drop_page_cache
+    pool, drop = readers.reader_pool(), ds.drop_page_cache
     m = ds.manifest
-    return {i: pool.submit(storage.read_file, m.path(i), drop, sources.listed(m, i)) for i in items}
+    return {i: pool.submit(localfile.read_file, m.path(i), drop, readers.listed(m, i)) for i in items}
 
 
 def check_pipeline_args(transform: Any, size: Any, on_error: Any) -> int | tuple[int, int]:
@@ -112,7 +112,7 @@ class ImageFolder(CoordlDataset):
             ``$XDG_CACHE_HOME/coordl/manifests``); ``"off"`` scans at every start.
         storage_options: for a `root` that is an fsspec URL (``s3://bucket/prefix``, ``gs://``...):
             passed to its filesystem (``endpoint_url``, ``key``, ``secret``, ``anon``...; the AWS_*
-            variables work too). `samples` then give URLs (coordl/datasets/sources.py).
+            variables work too). `samples` then give URLs (cache/storage/readers.py).
         max_in_flight: requests in flight at once per process when reading from a URL.
         fetch_client: for ``s3://``: the client item GETs go through: ``"auto"`` (obstore when it
             is installed and `storage_options` map onto it, else s3fs), ``"obstore"`` or
@@ -197,8 +197,8 @@ class ImageFolder(CoordlDataset):
         try:
             if self.objects is not None:
                 return self.objects.read_ahead([i])[i].result()
-            return storage.read_file(path, drop_page_cache=self.drop_page_cache,
-                                     expect=sources.listed(self.manifest, i))
+            return localfile.read_file(path, drop_page_cache=self.drop_page_cache,
+                                     expect=readers.listed(self.manifest, i))
         except OSError as e:
             raise at_item(sample_error(path, f"cannot read the file ({e.strerror or e})", READABLE), i) from None
 
@@ -208,8 +208,8 @@ class ImageFolder(CoordlDataset):
         try:
             if pending is None and self.objects is not None:
                 pending = self.objects.read_ahead([i], self.counters)[i]
-            raw = storage.read_file(path, drop_page_cache=self.drop_page_cache,
-                                    expect=sources.listed(self.manifest, i)) if pending is None \
+            raw = localfile.read_file(path, drop_page_cache=self.drop_page_cache,
+                                    expect=readers.listed(self.manifest, i)) if pending is None \
                 else pending.result()
         except OSError as e:
             raise at_item(sample_error(path, f"cannot read the file ({e.strerror or e})", READABLE), i) from None
@@ -349,7 +349,7 @@ class ImageFolder(CoordlDataset):
         return row
 
     def _take_ahead(self, indices: Sequence[int], epoch: int) -> tuple[dict, dict] | None:
-        """(hits, {miss: future}) of this batch if the last one read it ahead (sources.py)."""
+        """(hits, {miss: future}) of this batch if the last one read it ahead (cache/storage/readers.py)."""
         objects = self.objects
         return objects.take(epoch, indices, self.counters) if self.read_ahead is not False and objects is not None \
             else None

@@ -5,7 +5,7 @@
 
 Samples are grouped by key (``key.jpg`` + ``key.cls``); an index of (shard, offset, size, label)
 per sample is built once from the tar headers and persisted beside the manifests
-(coordl/cache/tarindex.py), so an item is one pread and the epoch order is coordl's exact
+(cache/storage/tarindex.py), so an item is one pread and the epoch order is coordl's exact
 global shuffle (not webdataset's shuffle within a buffer over a shard order). Item i is the
 i-th sample of the shards in the order the URLs give them (brace patterns expanded as
 webdataset does), then in the order of the tar.
@@ -28,7 +28,7 @@ it, a larger one by ranged GETs of 4 KiB from each header) and persisted keyed b
 shard are ONE ranged GET (ObjectStore.read_ranges: at most `max_in_flight` at once, retries).
 A GET that fails (a deleted shard) is a SampleError naming the shard's URL and the key.
 `storage_requests` / `storage_retries` count the ranged GETs' requests and retries, as ImageFolder's.
-Read-ahead as ImageFolder's (`read_ahead`, coordl/datasets/sources.py `RangedReads`): while a worker
+Read-ahead as ImageFolder's (`read_ahead`, cache/storage/readers.py `RangedReads`): while a worker
 prepares a batch, the ranged GETs of the batch it gets next are in flight; the batch that takes them
 counts their reads, bytes, requests and retries, so each item is still read and counted once per epoch
 (a batch read ahead and dropped is never counted).
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from coordl.cache import tarindex
+from coordl.cache.storage import readers, tarindex
 from coordl.datasets import admission, sources
 from coordl.datasets.base import cached
 from coordl.datasets.imagefolder import ImageFolder, check_pipeline_args
@@ -83,7 +83,7 @@ def _remote_index(urls: list[str], storage_options: dict | None, max_in_flight: 
                   fetch_client: str | None = None) -> tarindex.TarIndex:
     """The index of shards at object-storage URLs: one store at their common folder, one listing
     of it for the shards' sizes and ETags, then tarindex.build_remote_index."""
-    from coordl.cache.objstore import ObjectStore
+    from coordl.cache.storage.objstore import ObjectStore
 
     local = [u for u in urls if "://" not in u]
     schemes = sorted({u.split("://", 1)[0] for u in urls if "://" in u})
@@ -231,7 +231,7 @@ class WebDataset(ImageFolder):
         self.transform, self.size, self.on_error, self.seed = transform, size, on_error, int(seed)
         self.target_transform, self.read_ahead = target_transform, read_ahead
         # the batch read ahead (shards in a bucket): its misses' coalesced ranged GETs, one call
-        self.ranged = None if self.index.remote is None else sources.RangedReads(functools.partial(
+        self.ranged = None if self.index.remote is None else readers.RangedReads(functools.partial(
             _tallied, functools.partial(self.index.read_many, drop_page_cache=False, max_gap=self.max_gap)))
         ok = self.index.label[self.index.label_state == tarindex.OK]
         self.classes = sorted(int(c) for c in np.unique(ok))
@@ -325,7 +325,7 @@ class WebDataset(ImageFolder):
         store = self.object_store
         if ahead and sources.reads_ahead(self.read_ahead, store):
             if pending is None and misses:  # its own GETs first, then the next batch's
-                pending = sources.start_read(ranged.read, misses)
+                pending = readers.start_read(ranged.read, misses)
             ranged.start_ahead(epoch, ahead, cached(self.cache, ahead, self.counters))
         else:
             self._send_ahead(ahead)
@@ -338,7 +338,7 @@ class WebDataset(ImageFolder):
 
     def _send_ahead(self, ahead: Sequence[int] | None) -> None:
         """A partitioned cache's MGETs of the batch this worker gets next (`EpochBatch.ahead`) go
-        out now, for the next batch's lookup to read (cache/partitioned.py `send_ahead`)."""
+        out now, for the next batch's lookup to read (cache/partitioned/cache.py `send_ahead`)."""
         if ahead and hasattr(self.cache, "send_ahead"):
             self.cache.send_ahead(ahead)
 

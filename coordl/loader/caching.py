@@ -1,4 +1,4 @@
-"""Glue between `coordl.DataLoader` and the MinIO cache (`coordl.cache.minio`): `cache_for`.
+"""Glue between `coordl.DataLoader` and the MinIO cache (`coordl.cache.minio.cache`): `cache_for`.
 
 coordl.DataLoader(ds, cache="8GiB")                 # node-wide, found by ds.fingerprint
 coordl.DataLoader(ds, cache=coordl.MinIOCache("8GiB", directory="/dev/shm"))
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordl.cache import minio
+from coordl.cache.minio import cache as minio
 from coordl.cache.sizes import parse_size
 from coordl.datasets.imagefolder import CoordlDataset
 from coordl.errors import ConfigError
@@ -26,7 +26,7 @@ def cache_for(dataset: Any, cache: Any) -> Any:
     a `MinIOCache` (capped the same way), or any cache with the same
     `open(fingerprint, items, label=)` (a `coordl.PartitionedCache`). A MinIO cache of the
     dataset that exists with another capacity is replaced when no process uses it, else
-    `CacheError` names both sizes (see `coordl.cache.minio`, NOTE [capacity]).
+    `CacheError` names both sizes (see `coordl.cache.minio.cache`, NOTE [capacity]).
     """
     coordl_ds = isinstance(dataset, CoordlDataset)
     fingerprint = getattr(dataset, "fingerprint", None) if coordl_ds else None

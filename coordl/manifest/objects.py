@@ -4,7 +4,7 @@
 
 The listing gives the same `Manifest` as a local scan of a copy of the same files: classes are the
 first-level prefixes (sorted), items the image objects below each (recursively), in a local walk's
-order (`cache/objstore_policy.walk_order_key`); relpaths are keys relative to the URL, sizes the
+order (`cache/storage/policy.walk_order_key`); relpaths are keys relative to the URL, sizes the
 objects' sizes, mtimes 0 (buckets keep no folder mtime and a copy's mtimes are not the objects').
 `Manifest.path(i)` is the object's URL.
 
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from coordl.cache.objstore import ObjectInfo, ObjectStore
+from coordl.cache.storage.objstore import ObjectInfo, ObjectStore
 from coordl.errors import ConfigError, DatasetError
 from coordl.manifest import store
 
@@ -45,18 +45,6 @@ LISTS = {"lists": 0, "reused": 0}
 def is_url(root: object) -> bool:
     """Is `root` an fsspec URL (``scheme://...``) rather than a local path?"""
     return isinstance(root, str) and "://" in root and not root.startswith("file://")
-
-
-def _select(infos: list[ObjectInfo], classes: list[str], exts: tuple[str, ...]) -> tuple[list[ObjectInfo], list[int]]:
-    """The image objects in each class (walk order kept), and how many per class."""
-    counts = dict.fromkeys(classes, 0)
-    kept = []
-    for o in infos:
-        cls, sep, rest = o.key.partition("/")
-        if sep and cls in counts and rest.lower().endswith(exts):
-            kept.append(o)
-            counts[cls] += 1
-    return kept, [counts[c] for c in classes]
 
 
 def _digest(classes: Sequence[str], kept: list[ObjectInfo]) -> str:
@@ -120,15 +108,14 @@ def scan_url(url: str, extensions: Sequence[str], allow_empty: bool = False, *,
     exts = tuple(e.lower() for e in extensions)
     objects = ObjectStore.from_url(url, storage_options, max_in_flight=max_in_flight, fetch_client=fetch_client)
     root = objects.url
-    classes = objects.list_classes()
-    kept, counts = _select(objects.list_tree(classes), classes, exts)
+    classes, kept, counts = objects.list_images(exts)
     LISTS["lists"] += 1
     _check_classes(root, classes, counts, exts, allow_empty)
     digest = _digest(classes, kept)
     folder = store.directory(manifest_cache)
     if folder is None:
         return _manifest(root, classes, kept, counts, digest, "scan"), objects
-    params = {"kind": FORMAT, "endpoint": objects._endpoint(), "extensions": exts, "allow_empty": bool(allow_empty)}
+    params = {"kind": FORMAT, "endpoint": objects.endpoint(), "extensions": exts, "allow_empty": bool(allow_empty)}
     path = store.entry_path(folder, root, params)
     try:
         with store.locked(path):

@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from coordl.cache import storage, tarindex
+from coordl.cache.storage import localfile, tarindex
 from coordl.errors import SampleError
 
 
@@ -93,6 +93,6 @@ def _drop(paths: list[str]) -> None:
     fail and be reported by the read)."""
     for p in dict.fromkeys(paths):
         try:
-            storage.evict([p])
+            localfile.evict([p])
         except OSError:
             pass

@@ -36,7 +36,7 @@ def test_no_copy_of_the_pid_check_left_inline():
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    files = ["cache/minio.py", "cache/partitioned.py", "cache/objstore.py", "coordl/buffers.py",
+    files = ["cache/minio/cache.py", "cache/partitioned/cache.py", "cache/storage/objstore.py", "coordl/buffers.py",
              "coordl/datasets/imagefolder.py", "coordl/coordinator/client.py"]
     inline = [f for f in files if any(s in (root / f).read_text()
                                       for s in ("!= os.getpid()", "== os.getpid()", "os.getpid() !="))]

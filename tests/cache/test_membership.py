@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from coordl.cache import membership, redisnode
-from coordl.cache.partitioned import PartitionedCache
+from coordl.cache.partitioned import membership, redisnode
+from coordl.cache.partitioned.cache import PartitionedCache
 from coordl.cli.commands import main
 from coordl.errors import ConfigError
 

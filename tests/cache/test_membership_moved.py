@@ -1,6 +1,6 @@
 """After a node list update, an item that changed owner is read from its previous owner (one MGET per
-such node) and written to its new one, instead of from storage (cache/membership.py PREVIOUS_KEY,
-cache/partitioned.py `_moved`). Real redis-servers; MGETs counted by each server's INFO commandstats."""
+such node) and written to its new one, instead of from storage (cache/partitioned/membership.py PREVIOUS_KEY,
+cache/partitioned/cache.py `_moved`). Real redis-servers; MGETs counted by each server's INFO commandstats."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import coordl
-from coordl.cache import membership, redisnode
-from coordl.cache.partitioned import PartitionedCache
+from coordl.cache.partitioned import membership, redisnode
+from coordl.cache.partitioned.cache import PartitionedCache
 from coordl.cli.make_dataset import make_dataset
 from coordl.loader.stats import Counters
 

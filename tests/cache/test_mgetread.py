@@ -1,4 +1,4 @@
-"""cache/mgetread.py: an MGET reply read straight into each value's buffer gives what redis-py's
+"""cache/partitioned/mgetread.py: an MGET reply read straight into each value's buffer gives what redis-py's
 parser gives, and fails as redis-py does (real redis-server; a scripted socket for broken replies)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import redis
 
-from coordl.cache import mgetread
+from coordl.cache.partitioned import mgetread
 
 
 def _conn(url: str, timeout: float = 5.0):

@@ -1,4 +1,4 @@
-"""coordl.cache.minio: admission, sharing between processes, SIGKILL mid-insert, bad input."""
+"""coordl.cache.minio.cache: admission, sharing between processes, SIGKILL mid-insert, bad input."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from coordl.cache import shm
-from coordl.cache.minio import MinIOCache
+from coordl.cache.minio.cache import MinIOCache
 from coordl.errors import CacheError, ConfigError
 from coordl.manifest.build import scan
 

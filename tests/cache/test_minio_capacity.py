@@ -1,4 +1,4 @@
-"""coordl.cache.minio reserves only what it can use (issue 24, point 6).
+"""coordl.cache.minio.cache reserves only what it can use (issue 24, point 6).
 
 The capacity is capped to the dataset's bytes; a new segment allocates its header and index and
 the arena page by page as items are admitted (a full tmpfs refuses the put, never SIGBUS); another
@@ -17,8 +17,8 @@ import subprocess
 import pytest
 
 from coordl.cache import shm
-from coordl.cache.layout import data_offset
-from coordl.cache.minio import MinIOCache
+from coordl.cache.minio.cache import MinIOCache
+from coordl.cache.minio.layout import data_offset
 from coordl.errors import CacheError
 
 FORK = mp.get_context("fork")

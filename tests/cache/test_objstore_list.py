@@ -1,4 +1,4 @@
-"""objstore_list.in_forked_child: a listing done in a forked child comes back as plain data
+"""listing.in_forked_child: a listing done in a forked child comes back as plain data
 (msgpack over a pipe, never a pickle); its errors come back as coordl's classes; a child that dies
 is an error naming the work; no child is left."""
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from coordl.cache.objstore_list import in_forked_child
+from coordl.cache.storage.listing import in_forked_child
 from coordl.errors import ConfigError, DatasetError
 
 

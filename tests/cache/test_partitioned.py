@@ -1,4 +1,4 @@
-"""The partitioned cache client (cache/partitioned.py) against real redis-server processes."""
+"""The partitioned cache client (cache/partitioned/cache.py) against real redis-server processes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import signal
 import numpy as np
 import pytest
 
-from coordl.cache import partitioned
-from coordl.cache.partitioned import PartitionedCache
+from coordl.cache.partitioned import cache as partitioned
+from coordl.cache.partitioned.cache import PartitionedCache
 from coordl.errors import ConfigError
 from coordl.loader.stats import Counters
 
@@ -115,7 +115,7 @@ def test_other_applications_keys_are_never_read_changed_or_flushed(redis_nodes):
         cache.put(i, data[i])
     cache.get_many(range(N))
     cache.stats()
-    from coordl.cache import redisnode
+    from coordl.cache.partitioned import redisnode
     assert set(redisnode.datasets(r)) == {FP[:32], ("ab" * 32)[:32]}
     assert cache.drop() == N + 1                                        # its items and its meta hash
     after = {k: r.dump(k) for k in r.scan_iter()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 import coordl
-from coordl.cache.partitioned import PartitionedCache
+from coordl.cache.partitioned.cache import PartitionedCache
 from coordl.cli.make_dataset import make_dataset
 from coordl.loader.stats import Counters
 

@@ -11,8 +11,9 @@ import socket
 import numpy as np
 import pytest
 
-from coordl.cache import partitioned, redisnode
-from coordl.cache.partitioned import PartitionedCache
+from coordl.cache.partitioned import cache as partitioned
+from coordl.cache.partitioned import redisnode
+from coordl.cache.partitioned.cache import PartitionedCache
 from coordl.errors import ConfigError
 from coordl.loader.stats import Counters
 

@@ -1,11 +1,11 @@
-"""Rendezvous placement (cache/placement.py): pure, balanced, and stable when the node list changes."""
+"""Rendezvous placement (cache/partitioned/placement.py): pure, balanced, and stable when the node list changes."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from coordl.cache import placement
+from coordl.cache.partitioned import placement
 
 FP = "3f" * 32
 NODES = ["host-a:6390/0", "host-b:6390/0", "host-c:6390/0"]

@@ -1,4 +1,4 @@
-"""cache/recycle.py: a pooled buffer is reused only once nothing refers to it, the pool holds at
+"""cache/partitioned/recycle.py: a pooled buffer is reused only once nothing refers to it, the pool holds at
 most its capacity, and MGET values read into pooled buffers stay intact while they are held
 (real redis-server)."""
 
@@ -11,7 +11,7 @@ import pytest
 import redis
 import torch
 
-from coordl.cache import mgetread, recycle
+from coordl.cache.partitioned import mgetread, recycle
 
 
 @pytest.mark.filterwarnings("ignore:The given buffer is not writable")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 import coordl
-from coordl.cache import minio, partitioned, shm
+from coordl.cache import shm
+from coordl.cache.minio import cache as minio
+from coordl.cache.partitioned import cache as partitioned
 from coordl.cache.sizes import fmt_bytes, fmt_mib, parse_size
 
 

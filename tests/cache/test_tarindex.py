@@ -1,4 +1,4 @@
-"""cache/tarindex.py: the (shard, offset, size, label) index of WebDataset tar shards, persisted,
+"""cache/storage/tarindex.py: the (shard, offset, size, label) index of WebDataset tar shards, persisted,
 and reads by pread (a batch's neighbours in one shard coalesced into one read)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from coordl.cache import tarindex
+from coordl.cache.storage import tarindex
 from coordl.errors import SampleError
 
 

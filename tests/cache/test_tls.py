@@ -14,8 +14,8 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from coordl.cache import partitioned
-from coordl.cache.partitioned import PartitionedCache
+from coordl.cache.partitioned import cache as partitioned
+from coordl.cache.partitioned.cache import PartitionedCache
 from coordl.cli.commands import main
 from coordl.errors import ConfigError
 
@@ -253,7 +253,7 @@ def test_start_refuses_a_certificate_out_of_its_dates(node_dir, pki, which, date
 def dated_node(tmp_path, pki):
     """start(which) -> the port of a TLS redis-server (a child) showing certificate pki[which]: the
     server `cache-node start` now refuses to start, as another tool would start it."""
-    from coordl.cache import redisnode
+    from coordl.cache.partitioned import redisnode
 
     procs = []
 
@@ -299,7 +299,7 @@ def test_certificate_dates_are_read_in_both_time_forms(tmp_path, pki):
     import datetime as dt
     import shutil
 
-    from coordl.cache import certdates
+    from coordl.cache.partitioned import certdates
 
     d = tmp_path / "far"
     shutil.copytree(os.path.dirname(pki["ca"]), d)

@@ -19,7 +19,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from coordl.cache import redisnode
+from coordl.cache.partitioned import redisnode
 from coordl.cache.shm import proc_start
 from coordl.cli.commands import main
 

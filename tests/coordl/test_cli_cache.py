@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from coordl.cache import shm
-from coordl.cache.minio import MinIOCache
+from coordl.cache.minio.cache import MinIOCache
 from coordl.cli import cache as cli_cache
 from coordl.cli.commands import main
 

@@ -12,8 +12,9 @@ import textwrap
 import pytest
 
 import coordl
-from coordl.cache import admin, shm
-from coordl.cache.layout import data_offset
+from coordl.cache import shm
+from coordl.cache.minio import admin
+from coordl.cache.minio.layout import data_offset
 from coordl.loader.caching import parse_size
 
 

@@ -10,7 +10,7 @@ import torch
 
 import coordl
 from coordl.cache import shm
-from coordl.cache.layout import Segment
+from coordl.cache.minio.layout import Segment
 
 
 def _batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -9,7 +9,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from coordl.cache import redisnode
+from coordl.cache.partitioned import redisnode
 from coordl.cli.commands import main
 from coordl.errors import ConfigError
 from coordl.loader.partitioned import PartitionedCache

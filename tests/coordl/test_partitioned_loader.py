@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import coordl
-from coordl.cache import partitioned, placement, redisnode
 from coordl.cache.checksum import digest
+from coordl.cache.partitioned import cache as partitioned
+from coordl.cache.partitioned import placement, redisnode
 from coordl.cli.make_dataset import make_dataset
 from coordl.loader.partitioned import PartitionedCache
 from coordl.loader.sampling import epoch_order, rank_share

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from coordl.cache import shm
-from coordl.cache.minio import MinIOCache
+from coordl.cache.minio.cache import MinIOCache
 from coordl.cli.commands import main
 
 FORK = mp.get_context("fork")

@@ -70,7 +70,7 @@ def test_static_route_answers_object_reads_as_moto_does(s3):
     routes are counted exactly; s3fs and coordl read every object's bytes through it."""
     import boto3
 
-    from coordl.cache.objstore import ObjectStore
+    from coordl.cache.storage.objstore import ObjectStore
 
     static = _static()
     direct = s3.server.client()

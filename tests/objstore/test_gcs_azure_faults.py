@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import coordl
-from coordl.cache.objstore import ObjectStore
+from coordl.cache.storage.objstore import ObjectStore
 from coordl.errors import ConfigError, DatasetError, SampleError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

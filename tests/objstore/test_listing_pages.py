@@ -1,4 +1,4 @@
-"""s3:// listings page by page (cache/objstore_list.py): obstore's listing is exactly s3fs's (keys, sizes,
+"""s3:// listings page by page (cache/storage/listing.py): obstore's listing is exactly s3fs's (keys, sizes,
 ETags, walk order, LIST requests) on moto and on the synthetic bucket (bench/lib/objstore_listing.py);
 the root is listed once per construction; a LIST page that stalls past the timeout is retried alone
 (the prefix resumes after its last key received). Counts, not clocks."""
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from coordl.cache.objstore import ObjectStore
+from coordl.cache.storage.objstore import ObjectStore
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from objstore_common import objstore_proxy  # noqa: E402

@@ -1,4 +1,4 @@
-"""cache/objstore.py against a real moto S3 server: listing order, bytes, exact request counts,
+"""cache/storage/objstore.py against a real moto S3 server: listing order, bytes, exact request counts,
 bounded concurrency, environment credentials, pickling and fork."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from coordl.cache.objstore import ObjectStore
+from coordl.cache.storage.objstore import ObjectStore
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from objstore_common import local_walk  # noqa: E402

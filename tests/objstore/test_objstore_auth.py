@@ -1,4 +1,4 @@
-"""Credentials with cache/objstore.py, on a moto server of this module with authentication on:
+"""Credentials with cache/storage/objstore.py, on a moto server of this module with authentication on:
 the right ones read; a wrong secret or an unknown key is a ConfigError at construction naming the
 URL and the fix; no secret ever appears in a message, a chained exception, a traceback or a repr."""
 
@@ -10,7 +10,7 @@ import traceback
 
 import pytest
 
-from coordl.cache.objstore import ObjectStore
+from coordl.cache.storage.objstore import ObjectStore
 from coordl.errors import ConfigError, SampleError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""cache/objstore.py when the store misbehaves: missing bucket or prefix, an object deleted after
+"""cache/storage/objstore.py when the store misbehaves: missing bucket or prefix, an object deleted after
 listing, injected 503 SlowDown (retried and counted; retries exhausted), a store that stops
 answering, and the server killed mid-read. Counts, not clocks: the only time bound is the
 issue's "a clear error within 60 s" (pytest-timeout catches a hang)."""
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from coordl.cache.objstore import ObjectStore
+from coordl.cache.storage.objstore import ObjectStore
 from coordl.errors import DatasetError, SampleError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""cache/objstore_policy.py: configuration, back-off, error classes, redaction, walk order. Pure."""
+"""cache/storage/policy.py: configuration, back-off, error classes, redaction, walk order. Pure."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from coordl.cache.objstore_policy import Redactor, StoreConfig, backoff, classify, walk_order_key
+from coordl.cache.storage.policy import Redactor, StoreConfig, backoff, classify, walk_order_key
 from coordl.errors import ConfigError
 
 

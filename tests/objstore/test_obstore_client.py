@@ -1,7 +1,7 @@
-"""cache/objstore.py's obstore GET path (cache/objstore_obstore.py) against the module's real moto
+"""cache/storage/objstore.py's obstore GET path (cache/obstoreget.py) against the module's real moto
 server: the same bytes and the same GET counts as s3fs for whole and ranged reads, the choice of
 client (fetch_client, COORDL_S3_CLIENT, options obstore cannot take), 503s retried and counted by
-objstore_policy, deleted objects and wrong secrets as SampleErrors naming the URL without the
+storage.policy, deleted objects and wrong secrets as SampleErrors naming the URL without the
 secret, and fork: a child of a parent that never used obstore reads through its own, a child of
 one that did reads through s3fs (auto) or refuses (obstore), DataLoader workers read through it."""
 
@@ -16,8 +16,8 @@ import traceback
 
 import pytest
 
-from coordl.cache import objstore_obstore
-from coordl.cache.objstore import ObjectStore
+from coordl.cache.storage import obstoreget
+from coordl.cache.storage.objstore import ObjectStore
 from coordl.errors import ConfigError, SampleError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -84,14 +84,14 @@ def test_auto_chooses_obstore_when_the_options_map_and_s3fs_naming_why_when_not(
 def test_options_and_environment_map_as_botocore_reads_them():
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK",
            "AWS_DEFAULT_REGION": "eu-west-1"}
-    kwargs, why = objstore_obstore.s3_config("b/p", {}, env)
+    kwargs, why = obstoreget.s3_config("b/p", {}, env)
     assert why == "" and kwargs == {"bucket": "b", "client_options": {"allow_http": True}, "config": {
         "endpoint": "http://127.0.0.1:9", "region": "eu-west-1", "access_key_id": "AK", "secret_access_key": "SK"}}
     opts = {"key": "k", "secret": "s", "token": "t", "client_kwargs": {"endpoint_url": "https://e", "region_name": "r"}}
-    kwargs, _ = objstore_obstore.s3_config("b", opts, env)
+    kwargs, _ = obstoreget.s3_config("b", opts, env)
     assert kwargs is not None and kwargs["client_options"] == {} and kwargs["config"] == {
         "endpoint": "https://e", "region": "r", "access_key_id": "k", "secret_access_key": "s", "session_token": "t"}
-    kwargs, _ = objstore_obstore.s3_config("b", {"anon": True, "endpoint_url": "http://x"}, {})
+    kwargs, _ = obstoreget.s3_config("b", {"anon": True, "endpoint_url": "http://x"}, {})
     assert kwargs is not None and kwargs["config"]["skip_signature"] is True and "access_key_id" not in kwargs["config"]
     for options, environ, why in [
             ({"profile": "dev"}, env, "['profile']"),
@@ -100,7 +100,7 @@ def test_options_and_environment_map_as_botocore_reads_them():
             ({}, {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"}, "no region"),
             ({}, {**env, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "true"}, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST"),
             ({"endpoint_url": "http://x"}, {}, "credentials from botocore's chain")]:
-        kwargs, reason = objstore_obstore.s3_config("b", options, environ)
+        kwargs, reason = obstoreget.s3_config("b", options, environ)
         assert kwargs is None and why in reason and "SK" not in reason
 
 
@@ -237,7 +237,7 @@ def test_a_child_of_a_process_that_used_obstore_falls_back_or_refuses(s3):
     with ObjectStore.from_url(s3.url, opts) as auto, \
             ObjectStore.from_url(s3.url, opts, fetch_client="obstore") as strict:
         assert auto.read_many(s3.keys[:3]) == [bytes.fromhex(h) for h in want]  # this process's runtime starts
-        assert objstore_obstore._started_in == os.getpid()
+        assert obstoreget._started_in == os.getpid()
         assert _in_child(read(auto)) == {"ok": {"client": "s3fs", "data": want, "gets": 3}}
         refused = _in_child(read(strict))
         assert refused["error"] == "ConfigError" and "multiprocessing_context='spawn'" in refused["text"]
@@ -249,8 +249,8 @@ import json, os, sys
 sys.path.insert(0, sys.argv[2])
 import torch
 import coordl
-from coordl.cache import objstore_obstore
-from coordl.cache.objstore import ObjectStore
+from coordl.cache.storage import obstoreget
+from coordl.cache.storage.objstore import ObjectStore
 from test_obstore_client import _in_child
 arg = json.loads(sys.argv[1])
 out = {}
@@ -267,7 +267,7 @@ for _ in range(2):
     out["epochs"].append(len(remote) == len(here) > 0 and all(
         torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(remote, here)))
 out["reads"] = [remote_loader.stats()["storage_reads"], 2 * len(ds)]
-out["parent_used_obstore"] = objstore_obstore._started_in is not None
+out["parent_used_obstore"] = obstoreget._started_in is not None
 store.close()
 del remote_loader, local_loader
 print(json.dumps(out))

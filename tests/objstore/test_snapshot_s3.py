@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 import coordl
-from coordl.cache.objstore import ObjectStore
+from coordl.cache.storage.objstore import ObjectStore
 from coordl.errors import SampleError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

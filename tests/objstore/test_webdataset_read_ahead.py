@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import coordl
-from coordl.cache import tarindex
+from coordl.cache.storage import tarindex
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_webdataset_s3 as wds  # noqa: E402
@@ -248,7 +248,7 @@ def test_an_epoch_left_early_costs_at_most_one_batch_ahead_per_worker(shards, pr
 
 def test_a_batch_and_the_one_ahead_share_the_processs_bound(shards, proxy):
     """Two read_ranges at once in one process (a batch's and the next one's): at most max_in_flight GETs."""
-    from coordl.cache.objstore import ObjectStore
+    from coordl.cache.storage.objstore import ObjectStore
 
     store = ObjectStore.from_url(f"s3://{wds.BUCKET}/{wds.PREFIX}", shards.options(endpoint_url=proxy.url),
                                  max_in_flight=3)

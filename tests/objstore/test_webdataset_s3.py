@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import coordl
-from coordl.cache import tarindex
+from coordl.cache.storage import tarindex
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from objstore_common import TESTS, objstore_proxy, s3server  # noqa: E402
@@ -209,7 +209,7 @@ def test_a_corrupt_shard_names_its_url(shards):
 
 
 def test_read_ranges_keeps_the_bound_retries_and_names_the_url(shards, proxy):
-    from coordl.cache.objstore import ObjectStore
+    from coordl.cache.storage.objstore import ObjectStore
 
     store = ObjectStore.from_url(f"s3://{BUCKET}/{PREFIX}", shards.options(endpoint_url=proxy.url), max_in_flight=3)
     try:

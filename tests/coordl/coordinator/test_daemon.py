@@ -260,7 +260,7 @@ def test_detach_runs_in_the_background(tiny_root, sockdir):
 
 
 def test_cache_serves_every_epoch_after_the_first(tiny_root, serve, jobs):
-    from coordl.cache import admin
+    from coordl.cache.minio import admin
 
     # one prep worker: with two, epoch 1's first chunk may read an item that epoch 0's last chunk,
     # on the other worker, has not cached yet, and the exact counts below would be off by it

@@ -12,7 +12,7 @@ import pytest
 
 import coordl
 from coordl.cache import shm
-from coordl.cache.layout import data_offset
+from coordl.cache.minio.layout import data_offset
 
 from .conftest import COORDL
 

@@ -89,7 +89,7 @@ def test_batches_are_the_local_dali_backends_and_close_to_the_cpus(tiny_root, se
 
 
 def test_the_cache_serves_every_epoch_after_the_first(tiny_root, serve):
-    from coordl.cache import admin
+    from coordl.cache.minio import admin
 
     # one worker: chunks run in order, so no chunk of epoch 1 reads an item before the chunk of
     # epoch 0 that caches it (with two, epoch 1's first chunk may run beside epoch 0's last)

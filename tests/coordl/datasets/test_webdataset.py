@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import coordl
-from coordl.cache import tarindex
+from coordl.cache.storage import tarindex
 from coordl.manifest.build import scan
 
 PER_SHARD = 16

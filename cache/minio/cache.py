@@ -87,11 +87,11 @@ from collections.abc import Iterator
 
 from coordl.errors import CacheError, ConfigError
 
-from . import shm
-from .checksum import digest
-from .forkguard import ForkGuard
+from .. import shm
+from ..checksum import digest
+from ..forkguard import ForkGuard
+from ..sizes import parse_size
 from .layout import CORRUPT, Segment, data_offset, file_size
-from .sizes import parse_size
 
 _OPEN_TRIES = 5
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from coordl.cache import certdates
 from coordl.errors import ConfigError
+
+from . import certdates
 
 _WHAT = {"ssl_ca_certs": "the CA certificate that signed the nodes' certificates",
          "ssl_certfile": "the client certificate", "ssl_keyfile": "the client private key"}

@@ -1,11 +1,11 @@
-"""How `cache/objstore.py` lists s3:// one request (one ListObjectsV2 page) at a time.
+"""How `objstore.py` lists s3:// one request (one ListObjectsV2 page) at a time.
 
 A page source is an async generator `source(after)` that yields, per LIST page (obstore: per chunk
-of `objstore_obstore.LIST_CHUNK` objects), `([(key, size, etag), ...], [common prefix, ...])`
+of `obstoreget.LIST_CHUNK` objects), `([(key, size, etag), ...], [common prefix, ...])`
 with keys relative to the bucket, starting after key `after` (S3's StartAfter) when given:
 - `s3fs_pages`: ListObjectsV2 through s3fs's client (`_call_s3`: its error translation), one call
   per page, the continuation token between pages;
-- `ObstoreGetter.list_pages` (objstore_obstore.py): obstore, parsed in Rust (the class prefixes;
+- `ObstoreGetter.list_pages` (obstoreget.py): obstore, parsed in Rust (the class prefixes;
   the root goes through s3fs);
 - `falling_back(first, then)`: first's pages until it meets a key it cannot name (obstore: an
   empty, '.' or '..' segment, `KeyNotNamable`), then the rest of the prefix from then's, after the
@@ -14,7 +14,7 @@ with keys relative to the bucket, starting after key `after` (S3's StartAfter) w
 resumes after the last key received, so a retry re-sends one page, not the prefix.
 
 `in_forked_child(work)`: run `work()` in a forked child and return its result. obstore's
-runtime does not survive fork (objstore_obstore.py), so a process that has not started it lists
+runtime does not survive fork (obstoreget.py), so a process that has not started it lists
 through obstore in a child and stays free to fork DataLoader workers that GET through obstore.
 The answer crosses the pipe as msgpack of plain data (never a pickle): the result, or an error as
 its coordl class name and message, raised again here as that class (another error: DatasetError).
@@ -32,7 +32,7 @@ import msgpack
 from coordl import errors
 from coordl.errors import DatasetError
 
-from .objstore_policy import KeyNotNamable, ObjectChanged
+from .policy import KeyNotNamable, ObjectChanged
 
 
 def prefix_of(root: str, sub: str = "") -> tuple[str, str]:
@@ -153,3 +153,16 @@ def in_forked_child(work: Callable[[], Any], what: str) -> Any:
             raise cls(message)
         raise DatasetError(f"{what}: {name}: {message}")
     return answer[1]
+
+
+def select_images(infos: list, classes: list[str], exts: tuple[str, ...]) -> tuple[list, list[int]]:
+    """The objects (ObjectInfo) of `infos` below a class prefix of `classes` whose key ends in one of
+    `exts` (lower case), walk order kept, and how many in each class."""
+    counts = dict.fromkeys(classes, 0)
+    kept = []
+    for o in infos:
+        cls, sep, rest = o.key.partition("/")
+        if sep and cls in counts and rest.lower().endswith(exts):
+            kept.append(o)
+            counts[cls] += 1
+    return kept, [counts[c] for c in classes]

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from coordl.errors import CacheError
 
-from . import shm
+from .. import shm
+from ..shm import Removed
 from .layout import Segment
-from .shm import Removed
 
 CACHE = "cache segment"
 HALF_BUILT = "half-built cache segment"

@@ -16,10 +16,10 @@ the environment variable COORDL_S3_CLIENT for s3:// URLs, else "auto"):
 - "obstore" (Rust; `pip install obstore`; ~0.5 ms of client CPU per GET against ~1.2 ms through
   s3fs/aiobotocore) for item reads: read_many, submit_many, read_ranges, and list_tree's class
   prefixes (parsed in Rust; botocore spends ~120 us of client CPU per listed object). While this
-  process has not started obstore's runtime, list_tree lists in a forked child (objstore_list.py),
+  process has not started obstore's runtime, list_tree lists in a forked child (listing.py),
   so that forked DataLoader workers can still GET through obstore. The root, list() and the error
   probes go through s3fs.
-  storage_options map onto obstore's S3Store (`objstore_obstore.s3_config`): endpoint_url (or
+  storage_options map onto obstore's S3Store (`obstoreget.s3_config`): endpoint_url (or
   client_kwargs.endpoint_url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL; http:// allowed), key/secret/
   token (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN), anon, requester_pays,
   client_kwargs.region_name (or AWS_DEFAULT_REGION), client_kwargs.verify=False. Options it cannot
@@ -43,7 +43,7 @@ Keys obstore cannot name (an empty, '.' or '..' segment: `a//b.jpg`, `a/../b.jpg
 s3fs, and a class prefix's listing that meets one goes on through s3fs from the last key received:
 both clients list and read them, the same keys in the same order.
 Credentials never appear in a message or a repr (`Redactor`). The policy (retry, back-off,
-classification, redaction) is pure and lives in `objstore_policy.py`; this module is the I/O shell.
+classification, redaction) is pure and lives in `policy.py`; this module is the I/O shell.
 
 NOTE (lifecycle, threads and fork). Each ObjectStore owns, per process, one event-loop thread
 (async filesystems run there, built with `asynchronous=True` on that loop and never taken from
@@ -79,9 +79,9 @@ from typing import Any, Literal, NamedTuple
 
 from coordl.errors import ConfigError, DatasetError, SampleError
 
-from . import objstore_list, objstore_obstore
-from .forkguard import ForkGuard
-from .objstore_policy import FETCH_CLIENT_ENV, Redactor, StoreConfig, backoff, classify, walk_order_key
+from ..forkguard import ForkGuard
+from . import listing, obstoreget
+from .policy import FETCH_CLIENT_ENV, Redactor, StoreConfig, backoff, classify, walk_order_key
 
 #: Per-process objects a forked child inherited from its parent: kept, never closed (see NOTE).
 _INHERITED: list = []
@@ -302,10 +302,10 @@ class ObjectStore:
             return None, "fetch_client='s3fs'"
         if self._protocol not in ("s3", "s3a"):
             why = f"obstore reads only s3:// here, not {self._protocol}://"
-        elif not objstore_obstore.available():
+        elif not obstoreget.available():
             why = "obstore is not installed (pip install obstore)"
         else:
-            kwargs, why = objstore_obstore.s3_config(self._root, self._options, os.environ)
+            kwargs, why = obstoreget.s3_config(self._root, self._options, os.environ)
             if kwargs is not None:
                 return kwargs, ""
         if want == "obstore":
@@ -342,7 +342,8 @@ class ObjectStore:
         """The URL of the object `key` (relative to the root), credentials removed."""
         return f"{self.url}/{key}"
 
-    def _endpoint(self) -> str:
+    def endpoint(self) -> str:
+        """The endpoint the store talks to, credentials removed (or "the default endpoint")."""
         opts = self._options
         endpoint = (opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
                     or (os.environ.get("AWS_ENDPOINT_URL") if self._protocol in ("s3", "s3a") else None)
@@ -355,7 +356,7 @@ class ObjectStore:
 
     def __repr__(self) -> str:
         c = self._config
-        return (f"ObjectStore({self.url!r}, endpoint={self._endpoint()!r}, max_in_flight={c.max_in_flight}, "
+        return (f"ObjectStore({self.url!r}, endpoint={self.endpoint()!r}, max_in_flight={c.max_in_flight}, "
                 f"timeout={c.timeout}, retries={c.retries}, fetch_client={c.fetch_client!r})")
 
     def _make_getter(self):
@@ -363,13 +364,13 @@ class ObjectStore:
         obstore (NOTE), where fetch_client='obstore' raises instead."""
         if self._obstore is None:
             return None
-        if objstore_obstore.runtime_inherited():
+        if obstoreget.runtime_inherited():
             if self._config.fetch_client == "obstore":
                 raise ConfigError(f"{self.url}: fetch_client='obstore' in a process forked from one that made obstore "
                                   "requests, whose runtime does not survive fork: create the DataLoader with "
                                   "multiprocessing_context='spawn' or 'forkserver', or pass fetch_client='auto'")
             return None
-        return objstore_obstore.ObstoreGetter(self._obstore, self._config.timeout)
+        return obstoreget.ObstoreGetter(self._obstore, self._config.timeout)
 
     # -- per-process runtime (fork guard) --
 
@@ -444,11 +445,11 @@ class ObjectStore:
 
     async def _call(self, rt: _Runtime, name: str, *args, **kwargs):
         etag = kwargs.pop("etag", None)  # cat_file: the listed ETag, sent as If-Match (s3://)
-        if name == "cat_file" and rt.getter is not None and objstore_obstore.path_ok(args[0]):
+        if name == "cat_file" and rt.getter is not None and obstoreget.path_ok(args[0]):
             return await rt.getter.get(args[0], kwargs.get("start"), kwargs.get("end"), etag)
         fs = rt.fs
         if name == "cat_file" and etag and hasattr(fs, "_call_s3"):
-            return await objstore_list.s3fs_get(fs, args[0], kwargs.get("start"), kwargs.get("end"), etag)
+            return await listing.s3fs_get(fs, args[0], kwargs.get("start"), kwargs.get("end"), etag)
         if fs.async_impl:
             return await getattr(fs, "_" + name)(*args, **kwargs)
         return await rt.loop.run_in_executor(rt.pool, lambda: getattr(fs, name)(*args, **kwargs))
@@ -488,7 +489,7 @@ class ObjectStore:
                        "when it was built): build the dataset again to read the new bytes, or pass "
                        "on_error='skip'",
             "denied": f"the credentials may not read it: check {self._where()[0]} and the bucket's policy",
-            "retry": f"the store at {self._endpoint()} is throttling, failing or unreachable: check it is up, "
+            "retry": f"the store at {self.endpoint()} is throttling, failing or unreachable: check it is up, "
                      f"or pass a larger timeout/retries or a smaller max_in_flight",
         }.get(kind, "check the object and the store")
         if kind == "changed":
@@ -538,7 +539,7 @@ class ObjectStore:
         """submit_many's read of one object on a thread of rt.gets: `_read_or_raise` with obstore's
         blocking GET (same retries, back-off, counters and errors; the timeout is the store's own)."""
         path, getter = f"{self._root}/{key}", rt.getter
-        if getter is None or not objstore_obstore.path_ok(path):  # s3fs on the loop; this thread holds the slot
+        if getter is None or not obstoreget.path_ok(path):  # s3fs on the loop; this thread holds the slot
             return asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, sem, key, on_attempts, etag),
                                                     rt.loop).result()
         c, err, attempt, again = self._config, None, 0, 0
@@ -671,7 +672,7 @@ class ObjectStore:
         if kind != "retry":  # the store answered: the endpoint is not to blame
             return DatasetError(f"{where}: listing failed ({what}): check the listed keys and the URL")
         return DatasetError(f"{where}: listing failed after {attempts} attempt(s) ({what}): check that "
-                            f"{self._endpoint()} is reachable ({self._where()[1]}) and up")
+                            f"{self.endpoint()} is reachable ({self._where()[1]}) and up")
 
     def _run_listing(self, name: str, path: str, **kwargs):
         rt = self._rt()
@@ -696,7 +697,7 @@ class ObjectStore:
 
     async def _list_pages(self, rt: _Runtime, sem: asyncio.Semaphore, source, resumable: bool, wait: float):
         """(objects, prefixes, None, attempts) or ([], [], the last error, attempts): every page of
-        `source` (objstore_list.py), each awaited within `wait` seconds and retried as the policy
+        `source` (listing.py), each awaited within `wait` seconds and retried as the policy
         says. `resumable`: a retry resumes after the last key received, and each page has its own
         retries; else (a delimiter listing: the root) it starts again. Counts one `lists` per
         listing call (the first, then each retry), as fsspec's whole-prefix calls were counted."""
@@ -738,10 +739,10 @@ class ObjectStore:
                 return [], err, attempts
             return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
                           if e.get("type") == "directory"), None, attempts
-        bucket, prefix = objstore_list.prefix_of(self._root)
+        bucket, prefix = listing.prefix_of(self._root)
 
         def source(after):
-            return objstore_list.s3fs_pages(rt.fs, bucket, prefix, "/", after)
+            return listing.s3fs_pages(rt.fs, bucket, prefix, "/", after)
 
         objects, prefixes, err, attempts = rt.run(self._list_pages(rt, asyncio.Semaphore(1), source, False,
                                                                    self._config.timeout))
@@ -768,7 +769,7 @@ class ObjectStore:
             if prefix and rt.run(probe(bucket))[1] is None:
                 raise DatasetError(f"{self.url}: no objects under prefix {prefix!r} in bucket {bucket!r}: check "
                                    f"the path (class folders are the first-level prefixes below it)")
-            raise DatasetError(f"{self.url}: bucket {bucket!r} does not exist at {self._endpoint()} (or these "
+            raise DatasetError(f"{self.url}: bucket {bucket!r} does not exist at {self.endpoint()} (or these "
                                "credentials may not see it): check the bucket name, endpoint_url and region")
         raise self._list_error(self._root, err, attempts)
 
@@ -795,17 +796,24 @@ class ObjectStore:
         in any class and are left out, as a local ImageFolder leaves out files beside the class folders.
         s3:// goes page by page (each page timed out and retried alone), through obstore when the GETs
         are (in a forked child while this process has not started obstore's runtime, so that its
-        forked DataLoader workers can still use obstore; see objstore_list.py), else through s3fs."""
+        forked DataLoader workers can still use obstore; see listing.py), else through s3fs."""
         classes = self.list_classes() if classes is None else list(classes)
         rt = self._rt()
         if not self._pages_s3():
             return self._find_tree(rt, classes)
-        if rt.getter is None or objstore_obstore.runtime_started_here():
+        if rt.getter is None or obstoreget.runtime_started_here():
             return self._page_tree(rt, classes)
-        found, counts = objstore_list.in_forked_child(lambda: self._page_tree_counted(classes),
-                                                      f"{self.url}: listing the class prefixes")
+        found, counts = listing.in_forked_child(lambda: self._page_tree_counted(classes),
+                                                f"{self.url}: listing the class prefixes")
         self._add(rt, **counts)
         return [ObjectInfo(key, size, etag) for key, size, etag in found]
+
+    def list_images(self, extensions: Sequence[str]) -> tuple[list[str], list[ObjectInfo], list[int]]:
+        """(the class prefixes, sorted; the objects below them whose key ends in one of `extensions`
+        (lower case), in walk order; how many of them in each class): an ImageFolder's listing."""
+        classes = self.list_classes()
+        kept, counts = listing.select_images(self.list_tree(classes), classes, tuple(extensions))
+        return classes, kept, counts
 
     def _page_tree_counted(self, classes: list[str]) -> tuple[list[list], dict[str, int]]:
         """(list_tree's objects as [key, size, etag], the lists and retries it took): the work of
@@ -819,13 +827,13 @@ class ObjectStore:
         def source_of(c: str) -> tuple[Callable, float]:
             """(the page source of class prefix c, the seconds one page may take: obstore's own timeout
             is per request, the wait a backstop for a chunk of several pages; s3fs: one page)."""
-            bucket, prefix = objstore_list.prefix_of(self._root, c)
+            bucket, prefix = listing.prefix_of(self._root, c)
             def s3fs(after):
-                return objstore_list.s3fs_pages(fs, bucket, prefix, None, after)
+                return listing.s3fs_pages(fs, bucket, prefix, None, after)
 
-            if getter is not None and objstore_obstore.path_ok(f"{bucket}/{prefix[:-1]}"):
+            if getter is not None and obstoreget.path_ok(f"{bucket}/{prefix[:-1]}"):
                 lister = getter
-                source = objstore_list.falling_back(lambda after: lister.list_pages(prefix[:-1], after), s3fs)
+                source = listing.falling_back(lambda after: lister.list_pages(prefix[:-1], after), s3fs)
                 return source, self._config.timeout * 10 + 5
             return s3fs, self._config.timeout
 
@@ -834,7 +842,7 @@ class ObjectStore:
             sources = [source_of(c) for c in classes]
             return await asyncio.gather(*(self._list_pages(rt, sem, source, True, wait) for source, wait in sources))
 
-        out, start = [], len(objstore_list.prefix_of(self._root)[1])
+        out, start = [], len(listing.prefix_of(self._root)[1])
         for c, (objects, _, err, attempts) in zip(classes, rt.run(go())):
             if err is not None:
                 raise self._list_error(f"{self._root}/{c}", err, attempts)
@@ -868,6 +876,6 @@ class ObjectStore:
             if info.get("type") == "directory":
                 continue
             etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
-            out.append(ObjectInfo(name[start:], int(info.get("size") or 0), objstore_list.unquote(etag)))
+            out.append(ObjectInfo(name[start:], int(info.get("size") or 0), listing.unquote(etag)))
         out.sort(key=lambda o: walk_order_key(o.key))
         return out

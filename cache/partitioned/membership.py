@@ -4,7 +4,7 @@
     agree(client, shown, names, update=False)   # None, or ConfigError naming the difference
     agree(client, shown, names, update=True)    # rewrite the record (between epochs, after a change)
 
-Placement (cache/placement.py) is a function of the node list, so two ranks
+Placement (cache/partitioned/placement.py) is a function of the node list, so two ranks
 given different lists disagree on owners: each would write and look for items
 on different nodes, with no error. The list is therefore part of the cache's
 identity, but *not* in the key space: a digest of the list in every key would
@@ -28,7 +28,7 @@ that had none, the one just added, gets none). A PartitionedCache reads it from
 every node at connect and takes the list most nodes hold (`previous_of`), so that
 an item that changed owner is read from its previous owner, if that node is still
 in the list, instead of from storage, and then written to its new one
-(cache/partitioned.py). It stays until the next update replaces it; an update to
+(cache/partitioned/cache.py). It stays until the next update replaces it; an update to
 the same list changes nothing.
 """
 

@@ -1,4 +1,4 @@
-"""The pure half of the object-store reader (`cache/objstore.py` is the I/O shell).
+"""The pure half of the object-store reader (`cache/storage/objstore.py` is the I/O shell).
 
 - `StoreConfig`: the validated knobs (in-flight bound, per-request timeout, retries, back-off, the
   client of s3:// GETs).

@@ -18,7 +18,7 @@ import socket
 import ssl
 import urllib.parse
 
-from coordl.cache import certdates
+from . import certdates
 
 _URL_AUTH = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")
 _NOT_IN_USERINFO = set("@/?#")

@@ -1,10 +1,10 @@
-"""The obstore (Rust object_store) path of `cache/objstore.py` for s3:// item reads and listings.
+"""The obstore (Rust object_store) path of `cache/storage/objstore.py` for s3:// item reads and listings.
 
 `s3_config(root, storage_options, environ)` maps the storage_options a user passes to s3fs onto
 obstore's S3Store, or says why it cannot (then the store reads through s3fs: an option is never
 dropped). `ObstoreGetter` makes the whole-object and ranged GETs; each call is ONE HTTP request
 (obstore's own retries are off: `retry_config={"max_retries": 0}`), so `objstore.py` keeps the
-retries, back-off, timeouts and counters of `objstore_policy.py` for both clients. obstore's
+retries, back-off, timeouts and counters of `policy.py` for both clients. obstore's
 errors come back as the built-in kinds `classify` knows (FileNotFoundError, PermissionError,
 `S3ServerError` (a ConnectionError: retried), `S3RequestError` (final)), with the server's code
 and message and without its debug dump.
@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .objstore_policy import KeyNotNamable, ObjectChanged
+from .policy import KeyNotNamable, ObjectChanged
 
 #: s3fs storage_options that change nothing about a GET (listing caches, write and open() buffers,
 #: s3fs's own concurrency, which objstore.py sets): the GETs may go through obstore with them.
@@ -137,7 +137,7 @@ _AUTH_CODES = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "I
 
 
 def translate(err: BaseException) -> BaseException:
-    """obstore's error as the kind `objstore_policy.classify` knows, with a one-line message."""
+    """obstore's error as the kind `policy.classify` knows, with a one-line message."""
     from obstore import exceptions as oe
 
     text = str(err).split("\n\nDebug source:", 1)[0]

@@ -45,7 +45,7 @@ shard is checked when this process opens it, and again at its first read of each
 mtime_ns and inode it had when indexed, else its reads are a SampleError saying the shard changed
 (a shard rewritten in place, or replaced by another file, is never read at the old offsets or
 served with the old labels; the same at every num_workers). A shard in a bucket: each ranged GET
-sends If-Match with the ETag listed (cache/objstore.py).
+sends If-Match with the ETag listed (cache/storage/objstore.py).
 
 Persisted like the manifest (coordl/manifest/store.py): one file per (shard paths,
 extensions) in the folder the caller names, reused while every shard has the (size, mtime_ns,

@@ -58,7 +58,7 @@ import numpy as np
 
 from coordl.errors import CacheError
 
-from . import shm
+from .. import shm
 
 MAGIC = b"COORDLMC"
 VERSION = 2

@@ -10,7 +10,7 @@ CPU per item (README, "Partitioned caching over a shaped network"). Here the
 RESP2 framing (``*N``, then ``$len`` + payload per value, ``$-1`` for a missing key)
 is read in small reads and each payload with ``recv_into`` straight into its own
 buffer; the values come back as read-only memoryviews. The buffers come from the process's
-pool (cache/recycle.py): one that no view refers to any more is filled again, so its pages
+pool (cache/partitioned/recycle.py): one that no view refers to any more is filled again, so its pages
 are not faulted in and zeroed anew for every value.
 
 Errors are redis-py's, as ``conn.read_response()`` raises them: an error reply is the

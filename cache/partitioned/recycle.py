@@ -30,7 +30,7 @@ import threading
 
 import numpy as np
 
-from .forkguard import ForkGuard
+from ..forkguard import ForkGuard
 
 _LOOK = 8            # pooled buffers looked at per take, oldest first
 _ROUND = 16 * 2**10  # sizes are rounded up to this, so values of close sizes share buffers

@@ -14,7 +14,7 @@ policy that never evicts, a memory limit). The kinds, each logged once per node 
 - ``readonly``: a replica ("You can't write against a read only replica");
 - ``unfit``: the check at connection failed (an evicting policy, no maxmemory);
 - ``meta``: the dataset's meta hash is not coordl's (another type, fields that are not integers);
-- ``members``: the node now belongs to another node list (cache/membership.py: its record was
+- ``members``: the node now belongs to another node list (cache/partitioned/membership.py: its record was
   rewritten by ``membership='update'`` or `coordl cache-node members --update`);
 - ``refused``: any other error reply (ACL, a busy script, ...).
 
@@ -118,7 +118,7 @@ def checked_connect(url: str, capacity: int | None, conn: Any, members: str | No
     """redis-py's ``redis_connect_func``: the usual handshake (AUTH, SELECT), then INFO, then
     `redisnode.check_server`: every new connection (the first, and each after a restart or a
     fault) proves the node is a primary that never evicts coordl's items. With `members` (the
-    node list's record, cache/membership.py): the node must still belong to that list; a node
+    node list's record, cache/partitioned/membership.py): the node must still belong to that list; a node
     restarted empty gets the record back (SET NX)."""
     conn.on_connect()
     info: dict[str, str] = {}

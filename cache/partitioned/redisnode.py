@@ -20,7 +20,7 @@ NOTE [lifecycle of a cache node]
   command) or a test fixture (a foreground child it stops itself).
   `start` refuses a port something already listens on (naming it), and once
   the node answers records its pid, start time and port in
-  ``coordl-cache-node-<port>.start`` (cache/nodeproc.py).
+  ``coordl-cache-node-<port>.start`` (cache/partitioned/nodeproc.py).
 - Who stops: `coordl cache-node stop` (SIGTERM, only to a pid that record proves:
   same start time, a redis-server command line naming the port) or the fixture.
   Redis exits at once on SIGTERM and writes nothing (no persistence); the pid
@@ -28,7 +28,7 @@ NOTE [lifecycle of a cache node]
 - SIGKILL of the server: its memory is freed by the kernel, the pid file and the
   record stay; the pid may be reused by any process, which the start time tells
   apart: stop signals nothing then, start starts a new node. Clients skip the
-  node (cache/partitioned.py) and read those items from storage.
+  node (cache/partitioned/cache.py) and read those items from storage.
 - A user's own Redis: coordl never starts, stops, configures or flushes it; it
   only reads and writes keys under ``coordl:<fingerprint>:`` and refuses a
   server whose eviction policy would evict them (`check_server`).
@@ -47,9 +47,10 @@ import time
 import urllib.parse
 from typing import Any
 
-from coordl.cache import nodeproc, nodeurl
 from coordl.cache.shm import proc_start
 from coordl.errors import CacheError, ConfigError
+
+from . import nodeproc, nodeurl
 
 KEY_PREFIX = "coordl:"
 META_SUFFIX = ":meta"
@@ -172,7 +173,7 @@ class NodeConfig:
         return os.path.join(directory, f"coordl-cache-node-{self.port}.pid")
 
     def recordfile(self, directory: str) -> str:
-        """coordl's proof of the node: pid, start time and port (cache/nodeproc.py)."""
+        """coordl's proof of the node: pid, start time and port (cache/partitioned/nodeproc.py)."""
         return os.path.join(directory, f"coordl-cache-node-{self.port}.start")
 
     @property
@@ -380,7 +381,7 @@ def datasets(client) -> dict[str, dict[str, str]]:
 
 def read_pid(cfg: NodeConfig, directory: str) -> int | None:
     """The node's pid when its start record proves it (same pid, start time, a redis-server on
-    cfg.port: cache/nodeproc.py), else None. See `node_pid` for why not."""
+    cfg.port: cache/partitioned/nodeproc.py), else None. See `node_pid` for why not."""
     return node_pid(cfg, directory)[0]
 
 

@@ -7,7 +7,7 @@
     cache.put(i, raw)                       # admitted into i's owner, first touch until full
 
 Placement is rendezvous hashing of (fingerprint, item, node name)
-(cache/placement.py): every server computes the same owner with no metadata
+(cache/partitioned/placement.py): every server computes the same owner with no metadata
 traffic, and a later run with another seed or world size reuses the cache. The
 first epoch therefore writes each item once to its owner, from whichever rank
 read it; from the second epoch on every item that fits the nodes' budgets
@@ -24,7 +24,7 @@ A batch's items are grouped by owner; each owner gets one MGET, all sent before
 any reply is read (the remote owners' first, the local node's last), then read
 on the calling thread, the local node's first: the transfers overlap and the
 remote replies wait in their sockets' buffers. Each reply is read by
-cache/mgetread.py, every value received straight into its own buffer (redis-py's
+cache/partitioned/mgetread.py, every value received straight into its own buffer (redis-py's
 parser copied it three times). No thread pool: a thread per
 remote owner took 1.2-1.4x the CPU per item for no shorter wait (124-167 against
 97-121 us of process CPU per ~117 KiB item, wall ~600 us both, between namespaces
@@ -38,7 +38,7 @@ whole dataset fingerprint and the item (`binding`): a value that fails it
 the same item) is counted in ``remote_errors``, treated as a miss and never
 served.
 
-After a change of the node list (cache/membership.py, ``membership='update'``), an
+After a change of the node list (cache/partitioned/membership.py, ``membership='update'``), an
 item whose owner changed is a miss on its new owner until it is written there. The
 record the update replaced (``coordl:members:previous``) is read at connect; a batch's
 misses whose owner under that previous list is another node still in this list
@@ -50,7 +50,7 @@ adding a node reads nothing from storage. Items of a removed node still come fro
 storage. With no previous list, or for a miss whose previous owner is its owner, no
 request is added.
 
-Faults (cache/nodehealth.py): every request has the client's `timeout`. Any
+Faults (cache/partitioned/nodehealth.py): every request has the client's `timeout`. Any
 Redis error on a node (refused, reset, timed out, a read-only replica, an
 error reply, a meta hash that is not coordl's) is a fault of that node: it is
 skipped for `retry_after` seconds by every process of the loader, its items
@@ -69,14 +69,14 @@ the key is absent and the dataset's bytes on that node stay within
 NOTE [lifecycle and processes]
 - Constructed in the training process: it connects to every node once, checks
   each answers as a Redis primary with a non-evicting policy and belongs to
-  this node list (cache/membership.py; ConfigError if not), then drops nothing.
+  this node list (cache/partitioned/membership.py; ConfigError if not), then drops nothing.
   Every later connection, in any process, checks the same
   (`nodehealth.checked_connect`; a node restarted empty gets its node list
   record back); failing it is a node fault.
 - Forked workers: the first call in a new pid builds fresh clients (redis-py
   pools are not shared across processes). Spawned workers get the configuration by pickle
   (`__getstate__`) and connect lazily. Both share the node health table with
-  the training process (cache/nodehealth.py).
+  the training process (cache/partitioned/nodehealth.py).
 - coordl never flushes a node and touches only keys under
   ``coordl:<fingerprint>:``; `drop` deletes exactly those (SCAN + UNLINK).
 """
@@ -95,11 +95,11 @@ import xxhash
 
 from coordl.errors import CacheError, ConfigError
 
+from ..checksum import digest
+from ..forkguard import ForkGuard
+from ..sizes import parse_size
 from . import membership as membership_mod
 from . import mgetread, nodehealth, nodetls, nodeurl, placement, redisnode
-from .checksum import digest
-from .forkguard import ForkGuard
-from .sizes import parse_size
 
 log = logging.getLogger("coordl.cache")
 
@@ -171,7 +171,7 @@ class PartitionedCache:
         timeout: seconds a node may take to connect or answer before it is skipped.
         retry_after: seconds a node that failed is skipped before it is tried again.
         membership: 'check' (default): every node must belong to this node list (its
-            ``coordl:members`` record, written by the first cache that connects; cache/membership.py),
+            ``coordl:members`` record, written by the first cache that connects; cache/partitioned/membership.py),
             else ConfigError naming the difference; 'update': rewrite that record to this list
             (after adding, removing or replacing a node, between epochs, on one rank).
         ssl_ca_certs, ssl_certfile, ssl_keyfile: for ``rediss://`` nodes: the CA that signed the
@@ -198,7 +198,7 @@ class PartitionedCache:
                  timeout: float = 0.25, retry_after: float = 5.0, membership: str = "check",
                  ssl_ca_certs: str | None = None, ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
                  read_ahead: bool = True, _check: bool = True) -> None:
-        self.nodes, self.node_rank = _check_nodes(nodes), node_rank
+        self.nodes, self.node_rank = check_nodes(nodes), node_rank
         self._tls = nodetls.options(self.nodes, ssl_ca_certs, ssl_certfile, ssl_keyfile)
         if membership not in membership_mod.MODES:
             raise ConfigError(f"membership={membership!r} must be 'check' (refuse nodes that belong to another "
@@ -296,7 +296,7 @@ class PartitionedCache:
         return str(info["run_id"]) if info.get("run_id") else None
 
     def _check_membership(self) -> None:
-        """Every node must belong to this node list (cache/membership.py): written when it has no
+        """Every node must belong to this node list (cache/partitioned/membership.py): written when it has no
         record yet, rewritten with membership='update', else ConfigError naming the difference."""
         redis = redisnode.redis_module()
         names = [redisnode.node_name(u) for u in self.nodes]
@@ -367,7 +367,7 @@ class PartitionedCache:
         if not 0 <= i < self._n:
             raise IndexError(f"item {i} is out of range for a cache of {self._n} items")
 
-    # -- node health (cache/nodehealth.py) --
+    # -- node health (cache/partitioned/nodehealth.py) --
     def _usable(self, j: int) -> bool:
         return self._health.usable(j)
 
@@ -643,7 +643,7 @@ class PartitionedCache:
 
     def __getstate__(self) -> dict:
         """Spawned workers get the configuration (URLs, which may carry the password) by pickle, and
-        the node health table's fd while multiprocessing starts them (cache/nodehealth.py)."""
+        the node health table's fd while multiprocessing starts them (cache/partitioned/nodehealth.py)."""
         return {"nodes": self.nodes, "node_rank": self.node_rank, "capacity_per_node": self.capacity_per_node,
                 "timeout": self.timeout, "retry_after": self.retry_after, "fingerprint": self.fingerprint,
                 "tls": self._tls, "membership": self.membership, "previous": self._previous,
@@ -676,7 +676,9 @@ class _Ahead(NamedTuple):
     sent: list[tuple[int, Any]]       # (node, connection or None), local node first
 
 
-def _check_nodes(nodes: Sequence[str]) -> list[str]:
+def check_nodes(nodes: Sequence[str]) -> list[str]:
+    """`nodes` as PartitionedCache and `coordl cache-node status` take it: a list of Redis URLs, each node
+    once (by `redisnode.node_name`); else a ConfigError naming the entry and the fix."""
     if isinstance(nodes, str) or not isinstance(nodes, Sequence) or not nodes:
         raise ConfigError(f"nodes={nodes!r} must be a non-empty list of Redis URLs, one per server, "
                           "e.g. ['redis://host1:6390/0', 'redis://host2:6390/0']")
@@ -710,7 +712,7 @@ def _connection(pool: Any) -> Any:
 
 def _resp2(redis: Any) -> dict[str, int]:
     """protocol=2 where redis-py speaks RESP3 (5.0 on; its default from 8.0): the MGET replies are then
-    read by cache/mgetread.py (RESP2 framing, no push messages), as every redis-py before 8.0 did."""
+    read by cache/partitioned/mgetread.py (RESP2 framing, no push messages), as every redis-py before 8.0 did."""
     return {"protocol": 2} if "protocol" in inspect.signature(redis.Redis.__init__).parameters else {}
 
 
