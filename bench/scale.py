@@ -23,7 +23,7 @@ and then the figures that grow with the item count: DataLoader worker start
 (iter to first batch) and per-worker USS/PSS over the first 100k items of an
 epoch, beside torch's DataLoader over a list-of-(path, label)-tuples dataset;
 the MinIO cache's index (create, attach, `coordl cache ls`); the epoch plan
-(coordl.loader.sampling.epoch_order, ms per epoch); partition placement over 4 nodes;
+(coordl.epochs.sampling.epoch_order, ms per epoch); partition placement over 4 nodes;
 the coordinator daemon's start (`coordl serve --data ROOT` to its "listening"
 line, the persisted manifest present) and `coordl status` against it (the
 whole command), cold and warm.
@@ -278,8 +278,8 @@ def loader_memory(root: str, store: str, which: str, items: int, workers: int = 
 
 def index_figures(root: str, store: str) -> dict:
     from coordl.cache.partitioned import placement
-    from coordl.loader import sampling
-    from coordl.loader.caching import MinIOCache
+    from coordl.datasets.caching import MinIOCache
+    from coordl.epochs import sampling
     from coordl.manifest import build as manifest
     m = manifest.scan(root, manifest_cache=store)
     n, out = len(m), {}
@@ -433,7 +433,7 @@ def markdown(r: dict) -> str:
               f"{_fmt(sv['start_cold_s'])} / {_fmt(sv['start_warm_s'])} | |",
               f"| `coordl status` against it (whole command), cold / warm | "
               f"{_fmt(sv['status_cold_s'])} / {_fmt(sv['status_warm_s'])} | |",
-              f"| epoch plan (`coordl.loader.sampling.epoch_order`) | {ix['epoch_order_ms']:.0f} ms per epoch | |",
+              f"| epoch plan (`coordl.epochs.sampling.epoch_order`) | {ix['epoch_order_ms']:.0f} ms per epoch | |",
               f"| partition placement, 4 nodes, every item | {ix['placement_4_nodes_ms']:.0f} ms | |"]
     return "\n".join(lines) + "\n"
 

@@ -23,7 +23,7 @@ _LAZY = {
     "ImageFolder": ".datasets.imagefolder", "PreparedBatch": ".batch",
     "CoordlDataset": ".datasets.base", "AudioFolder": ".datasets.audio",
     "WebDataset": ".datasets.webdataset",
-    "MinIOCache": ".loader.caching", "PartitionedCache": ".loader.partitioned",
+    "MinIOCache": ".datasets.caching", "PartitionedCache": ".loader.partitioned",
     "profile": ".profiler", "merge_states": ".loader.elastic",
     "ElasticResume": ".loader.lightning",  # imports lightning: only when used
 }
@@ -57,9 +57,9 @@ if "torch" in sys.modules:
 if TYPE_CHECKING:
     from coordl.datasets.audio import AudioFolder
     from coordl.datasets.base import CoordlDataset
+    from coordl.datasets.caching import MinIOCache
     from coordl.datasets.imagefolder import ImageFolder, PreparedBatch
     from coordl.datasets.webdataset import WebDataset
-    from coordl.loader.caching import MinIOCache
     from coordl.loader.dataloader import DataLoader, collate, loader_stats
     from coordl.loader.elastic import merge_states
     from coordl.loader.partitioned import PartitionedCache

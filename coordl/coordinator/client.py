@@ -19,13 +19,13 @@ epoch it joins, then one per ``iter(loader)``), so `Client.set_epoch` cannot
 move a job; `Client.stats` reports what this job received and what the
 daemon did for all its jobs (the ``daemon_`` keys).
 
-Resume. `Client.state_dict` is `coordl.loader.resume`'s state (the local loader's:
+Resume. `Client.state_dict` is `coordl.epochs.resume`'s state (the local loader's:
 version, the daemon epoch under way, the batches of it the training loop has
 *received* (a Next sent ahead is not counted), and the identity: dataset
 fingerprint, items, seed, batch size, drop_last, shuffle, world size 1) plus
 ``"coordinator": {"start_epoch": s}``, the job's first epoch, since epochs are
 counted per job. `Client.load_state_dict`, on a fresh job before its first
-``iter(loader)``, checks the state (`coordl.loader.resume.check_state`: another
+``iter(loader)``, checks the state (`coordl.epochs.resume.check_state`: another
 dataset, seed, batch size, drop_last, shuffle or an unknown version is
 refused naming the difference) and sends Resume: the job's next epoch
 continues at that batch, and with ``--epochs E`` it gets exactly the epochs
@@ -71,8 +71,8 @@ from coordl import names
 from coordl.batch import PreparedBatch
 from coordl.cache.forkguard import ForkGuard
 from coordl.datasets.base import CoordlDataset, require_fingerprint
+from coordl.epochs import resume
 from coordl.errors import ConfigError, CoordinatorError, SampleError
-from coordl.loader import resume
 
 from . import protocol as p
 from .assemble import AssembledEpoch, Cut, Position

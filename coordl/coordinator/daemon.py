@@ -100,8 +100,8 @@ class Daemon:
 
     def __init__(self, config: ServeConfig) -> None:
         from coordl.datasets.base import describe, from_import_path, require_fingerprint
+        from coordl.datasets.caching import cache_for
         from coordl.datasets.imagefolder import ImageFolder
-        from coordl.loader.caching import cache_for
 
         self.config = config
         folder = from_import_path(config.dataset, config.dataset_args, config.seed, config.on_error) \

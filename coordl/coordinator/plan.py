@@ -2,7 +2,7 @@
 
 Batches are numbered globally: batch ``g`` is batch ``g % batches_per_epoch``
 of epoch ``g // batches_per_epoch``. The order of epoch ``e`` is
-`coordl.loader.sampling.epoch_order` (PCG64 seeded from (seed, e)), the same
+`coordl.epochs.sampling.epoch_order` (PCG64 seeded from (seed, e)), the same
 function a local `coordl.DataLoader` over a coordl dataset uses with
 ``shuffle=True`` and no user generator or sampler; an item's augmentation
 comes from `coordl.pipelines.crop.item_rng` (a `random.Random` seeded with
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coordl.epochs.sampling import epoch_order
 from coordl.errors import ConfigError
-from coordl.loader.sampling import epoch_order
 
 
 @dataclass(frozen=True)

@@ -53,9 +53,9 @@ import torch
 
 from coordl import names
 from coordl.datasets import admission
+from coordl.datasets.binding import NO_COUNTERS, Binding, Counting
 from coordl.datasets.onerror import skip_or_raise
 from coordl.errors import ConfigError, SampleError, at_item
-from coordl.loader.binding import NO_COUNTERS, Binding, Counting
 from coordl.pipelines import crop
 
 
@@ -75,7 +75,7 @@ def _from_binding(name: str, default: Any) -> Any:
 
     def set_default(self: CoordlDataset, value: Any) -> None:
         if (value is not default and value != default) or self.binding is not None:
-            raise AttributeError(f"{type(self).__name__}.{name} is the loader's (coordl/loader/binding.py): "
+            raise AttributeError(f"{type(self).__name__}.{name} is the loader's (coordl/datasets/binding.py): "
                                  f"bind the dataset with it, e.g. dataset.bind({name}=...)")
 
     return property(get, set_default, doc=f"The binding's {name} ({default!r} when unbound).")
@@ -187,7 +187,7 @@ class CoordlDataset(torch.utils.data.Dataset):
 
     # -- what the loader attaches --
     #: What a loader attached (`bind`): counters, cache, buffers, coordinator
-    #: (coordl/loader/binding.py). None on the dataset the user made, which never changes.
+    #: (coordl/datasets/binding.py). None on the dataset the user made, which never changes.
     binding: Binding | None = None
 
     def bind(self, binding: Binding | None = None, *, counters: Counting | None = None, cache: Any = None,

@@ -14,12 +14,12 @@ it returns the list of samples, as torch's would.
 
 An item's augmentation is a pure function of (seed, epoch, index), so batches
 are identical whatever `num_workers` is. The epoch comes with each batch of
-indices from `coordl.DataLoader` (`EpochBatch`, coordl/loader/sampling.py), so
+indices from `coordl.DataLoader` (`EpochBatch`, coordl/epochs/sampling.py), so
 persistent workers need no message to learn it.
 
 What the loader owns (counters, cache, batch buffers, a coordinator client)
 is not the dataset's: `bind` gives the loader a copy that carries one
-`Binding` (coordl/loader/binding.py); the dataset you made has none.
+`Binding` (coordl/datasets/binding.py); the dataset you made has none.
 """
 from __future__ import annotations
 
@@ -38,16 +38,16 @@ from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache.storage import localfile, readers
 from coordl.datasets import admission, sources
 from coordl.datasets.base import CoordlDataset, cached, epoch_of
+from coordl.datasets.binding import NO_COUNTERS, NoCounters
 from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
 from coordl.errors import ConfigError, SampleError, at_item
-from coordl.loader.binding import NO_COUNTERS, NoCounters
 from coordl.manifest.build import IMG_EXTENSIONS, scan
 from coordl.pipelines import batchprep, cpu, crop
 
 _TRANSFORMS, _ON_ERROR = names.TRANSFORMS, names.ON_ERROR  # (coordl/names.py)
 
 
-_NoCounters, _NO_COUNTERS = NoCounters, NO_COUNTERS  # (coordl/loader/binding.py)
+_NoCounters, _NO_COUNTERS = NoCounters, NO_COUNTERS  # (coordl/datasets/binding.py)
 
 
 def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futures.Future]:

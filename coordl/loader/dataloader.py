@@ -25,9 +25,9 @@ additionally:
   on by default with a cache);
 - gives each rank of a distributed job its share of every epoch (``rank=``,
   ``world_size=``, by default torch.distributed's), disjoint and covering, padded
-  as `DistributedSampler` pads; the order is `coordl.loader.sampling.epoch_order` of
+  as `DistributedSampler` pads; the order is `coordl.epochs.sampling.epoch_order` of
   (seed, epoch), the same function the coordinator daemon serves;
-- resumes mid-epoch exactly: `state_dict()` / `load_state_dict()` (coordl/loader/resume.py);
+- resumes mid-epoch exactly: `state_dict()` / `load_state_dict()` (coordl/epochs/resume.py);
 - with ``coordinator="unix:///path.sock"``, takes its batches from a
   `coordl serve` daemon that prepares each batch once for every job on the
   server (coordinator/client.py): `len`, the epoch loop and the batches are
@@ -50,15 +50,16 @@ from coordl import names
 from coordl.batch import collate
 from coordl.buffers import EXTRA_SLOTS
 from coordl.coordinator.client import connect
-from coordl.datasets.base import CoordlDataset, require_fingerprint
+from coordl.datasets.base import CoordlDataset
+from coordl.datasets.binding import Binding
+from coordl.datasets.caching import cache_for
+from coordl.epochs import resume
+from coordl.epochs.sampling import EpochBatch, EpochIndex, PlanSampler, plan_sampler, with_ahead
 from coordl.errors import ConfigError, CoordlError
-from coordl.loader import elastic, resume
-from coordl.loader.binding import Binding
-from coordl.loader.caching import cache_for
+from coordl.loader import elastic
 from coordl.loader.iterators import MultiIter, Position, SingleIter
 from coordl.loader.options import LoaderOptions
 from coordl.loader.options import default_ranks as _default_ranks
-from coordl.loader.sampling import EpochBatch, EpochIndex, PlanSampler, plan_sampler, with_ahead
 from coordl.loader.stats import KEYS, Counters
 
 T_co = TypeVar("T_co", covariant=True)
@@ -415,7 +416,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def state_dict(self) -> dict:
         """Where the training loop is: the epoch under way and the batches of it received so far.
 
-        Small, versioned and JSON-serialisable (coordl/loader/resume.py says what it holds and what
+        Small, versioned and JSON-serialisable (coordl/epochs/resume.py says what it holds and what
         cannot be restored). ``load_state_dict`` on a fresh loader built the same way then
         yields exactly the remaining batches: same items, augmentation, order and labels.
         """
@@ -484,10 +485,8 @@ def _bound(dataset, coordl_ds: bool, opts: LoaderOptions, num_workers: int) -> t
                 f"whose counters have rows for {counters.workers} workers; pass num_workers<="
                 f"{counters.workers}, or build this loader over your original dataset")
         return dataset, counters
-    if opts.cache is not None:
-        require_fingerprint(dataset, "cache=")  # a clear ConfigError naming the property and the fix
+    cache = None if opts.cache is None else cache_for(dataset, opts.cache)  # checks the fingerprint
     counters = Counters(num_workers)
-    cache = None if opts.cache is None else cache_for(dataset, opts.cache)
     drop = cache is not None if opts.drop_page_cache is None else opts.drop_page_cache
     return dataset.bind(Binding(counters, cache, drop)), counters
 

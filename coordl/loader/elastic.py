@@ -1,7 +1,7 @@
 """Elastic resume: an epoch begun by a job of W ranks, finished by a job of W' ranks. Pure: no I/O.
 
 Position. An epoch's global order is `epoch_order(items, seed, epoch)`; a job of W ranks
-splits it as `DistributedSampler` does (coordl/loader/sampling.py `rank_share`): rank r
+splits it as `DistributedSampler` does (coordl/epochs/sampling.py `rank_share`): rank r
 reads positions r, r+W, r+2W, ... of the order (the order padded with its head to a
 multiple of W, or cut with ``drop_last``), in batches of ``batch_size``. A rank's state
 counts the batches its training loop *received* (b_r), so what the job read is known
@@ -37,9 +37,9 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from coordl.epochs import resume
+from coordl.epochs.sampling import share_size
 from coordl.errors import ConfigError
-from coordl.loader import resume
-from coordl.loader.sampling import share_size
 
 _FIX = "pass the states the ranks' loader.state_dict() returned, unchanged, states[r] from rank r"
 

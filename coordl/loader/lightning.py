@@ -33,8 +33,9 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from coordl.epochs import resume
 from coordl.errors import ConfigError
-from coordl.loader import elastic, resume
+from coordl.loader import elastic
 
 _WHERE = "checkpoint['loops']['fit_loop']"
 

@@ -20,8 +20,8 @@ import torch
 
 from coordl import names
 from coordl.buffers import TSO_MACHINES, check_platform
+from coordl.epochs.sampling import check_rank
 from coordl.errors import ConfigError
-from coordl.loader.sampling import check_rank
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ class _Session:
         return self.rng.sample(range(len(self.ds)), self.need)
 
     def cache(self, tag: str, capacity: int):
-        from coordl.loader.caching import MinIOCache
+        from coordl.datasets.caching import MinIOCache
 
         c = MinIOCache(max(capacity, 1), name=f"profile-{os.getpid()}-{tag}")
         self.stack.callback(c.drop)

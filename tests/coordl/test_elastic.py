@@ -18,8 +18,8 @@ import pytest
 
 import coordl
 from coordl.cli.make_dataset import make_dataset
+from coordl.epochs.sampling import epoch_order, rank_share
 from coordl.loader.elastic import merge_states, rest_of_epoch, resume_point
-from coordl.loader.sampling import epoch_order, rank_share
 
 sys.path.insert(0, os.path.dirname(__file__))
 from tests_resume_common import resume_in_fresh_process  # noqa: E402
@@ -271,7 +271,7 @@ def test_a_loader_refuses_elastic_states_of_another_loader(ids_root):
 
 
 def test_a_coordinated_loader_refuses_a_state_with_consumed_stages():
-    from coordl.loader import resume
+    from coordl.epochs import resume
     identity = {"dataset": "d", "items": 5, "seed": 0, "batch_size": 1, "drop_last": False, "shuffle": True,
                 "world_size": 1}
     state = resume.make_state(identity, 0, 0, None, None, [{"world_size": 2, "batches": [1, 1]}])

@@ -15,7 +15,7 @@ import coordl
 from coordl.cache import shm
 from coordl.cache.minio import admin
 from coordl.cache.minio.layout import data_offset
-from coordl.loader.caching import parse_size
+from coordl.datasets.caching import parse_size
 
 
 @pytest.fixture
@@ -263,7 +263,7 @@ def test_two_loaders_on_one_dataset_keep_their_own_counters_and_caches(own_root,
 
 
 def test_cache_for_asks_the_class_not_the_attributes(tiny_root):
-    from coordl.loader.caching import cache_for
+    from coordl.datasets.caching import cache_for
 
     real = coordl.ImageFolder(tiny_root, transform="val", size=32)
 

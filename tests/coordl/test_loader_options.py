@@ -1,5 +1,5 @@
 """coordl.DataLoader's own arguments (coordl/loader/options.py) and the one Binding it attaches to
-the dataset copy it works on (coordl/loader/binding.py)."""
+the dataset copy it works on (coordl/datasets/binding.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import coordl
+from coordl.datasets.binding import Binding
 from coordl.datasets.imagefolder import _NO_COUNTERS
-from coordl.loader.binding import Binding
 from coordl.loader.options import LoaderOptions
 from coordl.loader.stats import Counters
 

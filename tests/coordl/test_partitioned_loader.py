@@ -20,8 +20,8 @@ from coordl.cache.checksum import digest
 from coordl.cache.partitioned import cache as partitioned
 from coordl.cache.partitioned import placement, redisnode
 from coordl.cli.make_dataset import make_dataset
+from coordl.epochs.sampling import epoch_order, rank_share
 from coordl.loader.partitioned import PartitionedCache
-from coordl.loader.sampling import epoch_order, rank_share
 from coordl.pipelines import cpu
 
 WORLD = 3

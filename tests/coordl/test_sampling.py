@@ -1,4 +1,4 @@
-"""coordl/loader/sampling.py and DataLoader(rank=, world_size=): one plan, DistributedSampler's shares."""
+"""coordl/epochs/sampling.py and DataLoader(rank=, world_size=): one plan, DistributedSampler's shares."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 import coordl
 from coordl.coordinator.plan import Plan
-from coordl.loader.sampling import PlanSampler, epoch_order, rank_share, share_size
+from coordl.epochs.sampling import PlanSampler, epoch_order, rank_share, share_size
 
 
 @pytest.mark.parametrize("items", [1, 7, 40, 41])

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import coordl
+from coordl.epochs.sampling import epoch_order, rank_share
 from coordl.errors import ConfigError
 from coordl.loader.elastic import share_batches
 from coordl.loader.lightning import epoch_left, rewrite_progress
-from coordl.loader.sampling import epoch_order, rank_share
 
 
 def _steps(out, rank=0):

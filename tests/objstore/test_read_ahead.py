@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import coordl
-from coordl.loader.sampling import EpochBatch, with_ahead
+from coordl.epochs.sampling import EpochBatch, with_ahead
 
 B = 4  # the batch size: the 42 objects of the module's dataset make 11 batches
 

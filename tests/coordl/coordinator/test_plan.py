@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from coordl.coordinator.plan import Plan
+from coordl.epochs import sampling
 from coordl.errors import ConfigError
-from coordl.loader import sampling
 
 
 def test_order_is_a_permutation_per_epoch_and_a_pure_function():

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordl.cache.minio import cache as minio
+from coordl.cache.minio import MinIOCache
 from coordl.cache.sizes import parse_size
-from coordl.datasets.imagefolder import CoordlDataset
+from coordl.datasets.base import CoordlDataset, require_fingerprint
 from coordl.errors import ConfigError
 
 __all__ = ["MinIOCache", "cache_for", "dataset_bytes", "parse_size"]
 
-#: ``coordl.MinIOCache`` is the cache's own class, which takes bytes or a size string ('8GiB')
-MinIOCache = minio.MinIOCache
+#: ``coordl.MinIOCache`` is the cache's own class (coordl.cache.minio), which takes bytes or a size
+#: string ('8GiB')
 
 
 def cache_for(dataset: Any, cache: Any) -> Any:
@@ -26,20 +26,20 @@ def cache_for(dataset: Any, cache: Any) -> Any:
     a `MinIOCache` (capped the same way), or any cache with the same
     `open(fingerprint, items, label=)` (a `coordl.PartitionedCache`). A MinIO cache of the
     dataset that exists with another capacity is replaced when no process uses it, else
-    `CacheError` names both sizes (see `coordl.cache.minio.cache`, NOTE [capacity]).
+    `CacheError` names both sizes (see `coordl.cache.minio.cache`, NOTE [capacity]). A dataset
+    that is no coordl dataset, or whose `fingerprint` is missing or malformed, is a ConfigError.
     """
-    coordl_ds = isinstance(dataset, CoordlDataset)
-    fingerprint = getattr(dataset, "fingerprint", None) if coordl_ds else None
-    if not isinstance(fingerprint, str):
-        raise ConfigError(f"cache= needs a coordl dataset with a `fingerprint` (e.g. coordl.ImageFolder); "
-                          f"{type(dataset).__name__} has none: pass cache=None")
+    if not isinstance(dataset, CoordlDataset):
+        raise ConfigError(f"cache= needs a coordl dataset (a coordl.CoordlDataset, e.g. coordl.ImageFolder); "
+                          f"{type(dataset).__name__} is not one: pass cache=None")
+    fingerprint = require_fingerprint(dataset, "cache=")  # the one check, the one message (datasets/base.py)
     if isinstance(cache, (int, str)) and not isinstance(cache, bool):
         cache = MinIOCache(parse_size(cache, "cache"))
     elif not callable(getattr(cache, "open", None)):
         raise ConfigError(f"cache={cache!r} is not a cache: pass a size such as '8GiB', a "
                           "coordl.MinIOCache or a coordl.PartitionedCache")
     label = str(getattr(dataset, "root", ""))
-    if isinstance(cache, minio.MinIOCache):  # capped to what the dataset can use (NOTE [capacity])
+    if isinstance(cache, MinIOCache):  # capped to what the dataset can use (NOTE [capacity])
         return cache.open(fingerprint, len(dataset), label=label, dataset_bytes=dataset_bytes(dataset))
     opener: Any = getattr(cache, "open")  # noqa: B009 (any cache with open(fingerprint, items, label=): checked above)
     return opener(fingerprint, len(dataset), label=label)

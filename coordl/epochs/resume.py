@@ -20,7 +20,7 @@ rather than misreading it; the others stay version 1 (a state without ``rank`` a
 ``consumed``, as saved before, reads as rank unknown and nothing consumed).
 
 For a coordl dataset the rest of the epoch is a pure function of (seed, epoch)
-(coordl/loader/sampling.py, pipelines/crop.py item_rng), so resuming is exact for any
+(coordl/epochs/sampling.py, pipelines/crop.py item_rng), so resuming is exact for any
 `num_workers`, cache and rank. For torch's `RandomSampler` (any other dataset
 with ``shuffle=True``) the seed torch draws for the epoch is recorded
 (`SamplerRNG`) so the same permutation comes back in a fresh process. What
