@@ -97,6 +97,7 @@ from coordl.errors import CacheError, ConfigError
 
 from ..checksum import digest
 from ..forkguard import ForkGuard
+from ..redact import redact_url, scrub
 from ..sizes import parse_size
 from . import membership as membership_mod
 from . import mgetread, nodehealth, nodetls, nodeurl, placement, redisnode
@@ -233,7 +234,7 @@ class PartitionedCache:
         self._connect()
         if _check:
             run_ids = [self._check_node(j) for j in range(len(self.nodes))]
-            membership_mod.one_server_each([redisnode.redact(u) for u in self.nodes], run_ids)
+            membership_mod.one_server_each([redact_url(u) for u in self.nodes], run_ids)
             self._check_membership()
             self._previous = self._read_previous()
         self._members = membership_mod.record([redisnode.node_name(u) for u in self.nodes])
@@ -265,7 +266,7 @@ class PartitionedCache:
     def _check_node(self, j: int) -> str | None:
         """Refuse node j when it is unreachable or unfit (`redisnode.check_server`); its INFO run_id."""
         redis = redisnode.redis_module()
-        url, shown = self.nodes[j], redisnode.redact(self.nodes[j])
+        url, shown = self.nodes[j], redact_url(self.nodes[j])
         try:
             info = redisnode.read_info(self._client(j))
         except nodehealth.unfit_error() as e:  # a replica, an evicting policy, no maxmemory
@@ -287,7 +288,7 @@ class PartitionedCache:
             if isinstance(e, redis.TimeoutError):
                 raise ConfigError(f"cache node {shown} did not answer within timeout={self.timeout}s: check the "
                                   "host and port, that a firewall lets the port through, or raise timeout=") from None
-            raise ConfigError(f"cache node {shown}: {nodeurl.scrub(_why(e), url)}") from None
+            raise ConfigError(f"cache node {shown}: {scrub(_why(e), url)}") from None
         except redis.RedisError as e:  # a reply that is not RESP: not a Redis server
             raise ConfigError(f"cache node {shown} does not answer as a Redis server ({e}): check the URL's "
                               "host and port (a cache node is started with `coordl cache-node start`)") from None
@@ -301,7 +302,7 @@ class PartitionedCache:
         redis = redisnode.redis_module()
         names = [redisnode.node_name(u) for u in self.nodes]
         for j, url in enumerate(self.nodes):
-            shown = redisnode.redact(url)
+            shown = redact_url(url)
             try:
                 done = membership_mod.agree(self._client(j), shown, names, self.membership == "update")
             except redis.ResponseError as e:
@@ -321,7 +322,7 @@ class PartitionedCache:
                 held.append(membership_mod.read_previous(self._client(j)))
             except redis.ResponseError as e:
                 log.warning("cache node %s: %s cannot be read (%s): ignored; delete it if it is not coordl's",
-                            redisnode.redact(self.nodes[j]), membership_mod.PREVIOUS_KEY, e)
+                            redact_url(self.nodes[j]), membership_mod.PREVIOUS_KEY, e)
         return membership_mod.previous_of(held)
 
     # -- opening --
@@ -375,7 +376,7 @@ class PartitionedCache:
         """Node j faulted: skip it for retry_after (every process), count and log it, and drop its
         connections, so that the next use reconnects and checks the server again."""
         kind = kind or nodehealth.classify(e)
-        shown = redisnode.redact(self.nodes[j])
+        shown = redact_url(self.nodes[j])
         self._health.fault(j, self.retry_after, kind, nodehealth.describe(shown, kind, e, self.retry_after))
         self._full[j] = False  # when it answers again it may be a fresh, empty server
         if self._fork.owner():
@@ -663,7 +664,7 @@ class PartitionedCache:
             self.open(state["fingerprint"], state["n"], state["label"])
 
     def __repr__(self) -> str:
-        nodes = ", ".join(redisnode.redact(u) for u in self.nodes)
+        nodes = ", ".join(redact_url(u) for u in self.nodes)
         return f"PartitionedCache(nodes=[{nodes}], node_rank={self.node_rank})"
 
 
@@ -694,11 +695,11 @@ def check_nodes(nodes: Sequence[str]) -> list[str]:
         try:
             name = redisnode.node_name(url)
         except ValueError as e:
-            raise ConfigError(f"nodes entry {redisnode.redact(url)!r} is not a valid Redis URL ({e}): use "
+            raise ConfigError(f"nodes entry {redact_url(url)!r} is not a valid Redis URL ({e}): use "
                               "redis://[:password@]host:port/db") from None
         if name in seen:
-            raise ConfigError(f"nodes= lists the same node twice: {redisnode.redact(seen[name])!r} and "
-                              f"{redisnode.redact(url)!r} are both {name} (host, port and db): list each "
+            raise ConfigError(f"nodes= lists the same node twice: {redact_url(seen[name])!r} and "
+                              f"{redact_url(url)!r} are both {name} (host, port and db): list each "
                               "server's node once")
         seen[name] = url
     return out

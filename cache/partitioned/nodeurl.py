@@ -2,7 +2,7 @@
 
     url = node_url("127.0.0.1", 6390, "p@ss/w:rd#1")   # redis://:p%40ss%2Fw%3Ard%231@127.0.0.1:6390/0
     url_problem("redis://:p@ss/w:rd#1@host:6390/0")     # "... percent-encode ..." (None when fine)
-    scrub(str(exc), url)                                # the text with the URL's password as ***
+    scrub(str(exc), url)                                # (cache/redact.py) the text with the URL's password as ***
     explain(url, exc)                                   # "authentication failed: ...", "TLS mismatch: ..."
 
 A password is any string: redis.conf takes it quoted, and a URL takes it only
@@ -18,9 +18,9 @@ import socket
 import ssl
 import urllib.parse
 
+from ..redact import scrub, userinfo
 from . import certdates
 
-_URL_AUTH = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")
 _NOT_IN_USERINFO = set("@/?#")
 
 
@@ -34,39 +34,15 @@ def node_url(host: str, port: int, password: str | None, db: int = 0, scheme: st
     return f"{scheme}://{auth}{host}:{port}/{db}"
 
 
-def _userinfo(url: str) -> str:
-    rest = url.partition("://")[2]
-    return rest.rsplit("@", 1)[0] if "@" in rest else ""
-
-
 def url_problem(url: str) -> str | None:
     """Why redis-py would misread `url` (a password not percent-encoded), or None. Never quotes it."""
-    info = _userinfo(url)
+    info = userinfo(url)
     bad = sorted(set(info) & _NOT_IN_USERINFO) + (["%"] if re.search(r"%(?![0-9A-Fa-f]{2})", info) else [])
     if not bad:
         return None
     return (f"the password in this URL holds {' '.join(repr(c) for c in bad)}, which must be percent-encoded "
             "(a URL would otherwise put part of it in the host or the path): write it as "
             "urllib.parse.quote(password, safe='') (e.g. '@' as %40, '/' as %2F, '#' as %23)")
-
-
-def _secrets(url: str) -> list[str]:
-    info = _userinfo(url)
-    if not info:
-        return []
-    user, _, password = info.partition(":")
-    found = {info, password, user} | {urllib.parse.unquote(s) for s in (info, password, user)}
-    found |= {urllib.parse.quote(s, safe="") for s in set(found)}
-    return sorted((s for s in found if len(s) >= 2), key=len, reverse=True)
-
-
-def scrub(text: str, *urls: str) -> str:
-    """`text` with the user and password of each of `urls` (raw, encoded or decoded) as ***, and
-    the credentials of any URL in it as ***@."""
-    for url in urls:
-        for secret in _secrets(url):
-            text = text.replace(secret, "***")
-    return _URL_AUTH.sub(r"\1***@", text)
 
 
 def _speaks_plain_redis(host: str, port: int) -> bool:

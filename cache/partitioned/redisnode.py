@@ -50,6 +50,7 @@ from typing import Any
 from coordl.cache.shm import proc_start
 from coordl.errors import CacheError, ConfigError
 
+from ..redact import redact_url, scrub
 from . import nodeproc, nodeurl
 
 KEY_PREFIX = "coordl:"
@@ -250,33 +251,24 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
                 client.ping()
                 break
             except redis.AuthenticationError as e:
-                raise CacheError(f"redis-server at {redact(url)}: {nodeurl.explain(url, e)}") from None
+                raise CacheError(f"redis-server at {redact_url(url)}: {nodeurl.explain(url, e)}") from None
             except redis.ConnectionError as e:
                 if proc is not None and proc.poll() not in (None, 0):
                     out = proc.stdout.read().decode(errors="replace").strip() if proc.stdout else ""
-                    raise CacheError(f"redis-server for {redact(url)} exited with {proc.returncode}: "
-                                     f"{nodeurl.scrub(out[-400:], url) or 'no output'}") from None
+                    raise CacheError(f"redis-server for {redact_url(url)} exited with {proc.returncode}: "
+                                     f"{scrub(out[-400:], url) or 'no output'}") from None
                 if time.monotonic() > deadline:
-                    raise CacheError(f"redis-server at {redact(url)} did not answer within {timeout:.0f}s: "
-                                     f"{nodeurl.scrub(str(e), url)}") from None
+                    raise CacheError(f"redis-server at {redact_url(url)} did not answer within {timeout:.0f}s: "
+                                     f"{scrub(str(e), url)}") from None
                 time.sleep(0.05)
         answering = int(client.info("server").get("process_id", -1)) if pid is not None else None
     except redis.RedisError as e:
-        raise CacheError(f"redis-server at {redact(url)}: {nodeurl.scrub(str(e), url)}") from None
+        raise CacheError(f"redis-server at {redact_url(url)}: {scrub(str(e), url)}") from None
     finally:
         client.close()
     if pid is not None and answering != pid:
-        raise CacheError(f"{redact(url)} is answered by pid {answering}, not by the node just started "
+        raise CacheError(f"{redact_url(url)} is answered by pid {answering}, not by the node just started "
                          f"(pid {pid}): another server holds the port; pick another --port")
-
-
-def redact(url: str) -> str:
-    """The URL without its user and password (everything before the last '@': a password that
-    was not percent-encoded is hidden whole)."""
-    head, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.rsplit("@", 1)[1]
-    return head + sep + rest
 
 
 def node_name(url: str) -> str:
@@ -336,19 +328,19 @@ def check_server(url: str, info: dict[str, Any], capacity: int | None) -> None:
     if role != "master":
         primary = f" of {info.get('master_host', '?')}:{info.get('master_port', '?')}" if "master_host" in info else ""
         raise ConfigError(
-            f"Redis at {redact(url)} is a read-only replica (role:{role}{primary}): it refuses every write "
+            f"Redis at {redact_url(url)} is a read-only replica (role:{role}{primary}): it refuses every write "
             "(\"You can't write against a read only replica\"). Make it a primary again with "
             "REPLICAOF NO ONE, or list a primary (a node from `coordl cache-node start`)")
     policy = str(info.get("maxmemory_policy", "?"))
     if policy not in SAFE_POLICIES:
         raise ConfigError(
-            f"Redis at {redact(url)} has maxmemory-policy {policy}: it would evict cached items to admit "
+            f"Redis at {redact_url(url)} has maxmemory-policy {policy}: it would evict cached items to admit "
             "new ones, and under a random epoch order that thrashes exactly as the page cache does "
             "(hits far below the cached fraction). Set `maxmemory-policy noeviction` on it "
             "(CONFIG SET maxmemory-policy noeviction), or start a node with `coordl cache-node start`")
     if int(info.get("maxmemory", 0)) == 0 and capacity is None:
         raise ConfigError(
-            f"Redis at {redact(url)} has no maxmemory (unlimited): the cache would grow until the server "
+            f"Redis at {redact_url(url)} has no maxmemory (unlimited): the cache would grow until the server "
             "runs out of memory. Pass capacity_per_node= (e.g. '16GiB'), or set maxmemory on the server")
 
 

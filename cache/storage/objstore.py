@@ -42,8 +42,9 @@ as the loop's TimeoutError is, and a GET already sent is not cancelled (it ends 
 Keys obstore cannot name (an empty, '.' or '..' segment: `a//b.jpg`, `a/../b.jpg`) are GET through
 s3fs, and a class prefix's listing that meets one goes on through s3fs from the last key received:
 both clients list and read them, the same keys in the same order.
-Credentials never appear in a message or a repr (`Redactor`). The policy (retry, back-off,
-classification, redaction) is pure and lives in `policy.py`; this module is the I/O shell.
+Credentials never appear in a message or a repr (`policy.redactor`, cache/redact.py). The policy (the
+retry loop `Retries`, back-off, classification, the store's secrets) is pure and lives in `policy.py`;
+this module is the I/O shell.
 
 NOTE (lifecycle, threads and fork). Each ObjectStore owns, per process, one event-loop thread
 (async filesystems run there, built with `asynchronous=True` on that loop and never taken from
@@ -81,7 +82,7 @@ from coordl.errors import ConfigError, DatasetError, SampleError
 
 from ..forkguard import ForkGuard
 from . import listing, obstoreget
-from .policy import FETCH_CLIENT_ENV, Redactor, StoreConfig, backoff, classify, walk_order_key
+from .policy import FETCH_CLIENT_ENV, Retries, StoreConfig, classify, redactor, walk_order_key
 
 #: Per-process objects a forked child inherited from its parent: kept, never closed (see NOTE).
 _INHERITED: list = []
@@ -93,6 +94,8 @@ def _reinit_lock_in_child() -> None:
     _lock = threading.Lock()  # another parent thread may have held it at fork time
 
 
+# Not a ForkGuard: a guard would replace the lock at its first use in the child, where two threads
+# may both see it forked and make two locks; at_fork runs in the child before any thread exists.
 os.register_at_fork(after_in_child=_reinit_lock_in_child)
 
 #: Protocols whose first path component is a bucket (container): a missing root is told apart
@@ -261,7 +264,7 @@ class ObjectStore:
             raise ConfigError(f"storage_options must be a dict or None, not {type(storage_options).__name__}")
         self._url, self._options = url.rstrip("/"), dict(storage_options or {})
         self._config = config or StoreConfig()
-        self._redact = Redactor(self._options)
+        self._redact = redactor(self._options)
         protocol, _ = fsspec.core.split_protocol(self._url)
         self._protocol = protocol or "file"
         try:
@@ -460,20 +463,21 @@ class ObjectStore:
         within `wait` seconds (default: the timeout), retried as the policy says. Errors are returned,
         not raised, so the caller raises its own outside any `except` block (no chained exception
         carrying the backend's text)."""
-        c, err = self._config, None
-        for attempt in range(c.retries + 1):
+        retries = Retries(self._config, self._rng)
+        while True:
+            retries.next_attempt()
             async with sem:
                 self._add(rt, **{counter: 1})
                 try:
-                    result = await asyncio.wait_for(self._call(rt, name, path, **kwargs), wait or c.timeout)
-                    return result, None, attempt + 1
+                    result = await asyncio.wait_for(self._call(rt, name, path, **kwargs), wait or self._config.timeout)
+                    return result, None, retries.attempts
                 except Exception as e:  # noqa: BLE001 (any backend's error; classified below)
                     err = _as_builtin(e)
-            if classify(err) != "retry" or attempt == c.retries:
-                return None, err, attempt + 1
+            pause = retries.after(err)
+            if pause is None:
+                return None, err, retries.attempts
             self._add(rt, retries=1)
-            await asyncio.sleep(backoff(c, attempt, self._rng))
-        return None, err, c.retries + 1
+            await asyncio.sleep(pause)
 
     def _describe(self, err: BaseException) -> str:
         text = str(err) or (f"no answer within timeout={self._config.timeout} s"
@@ -542,8 +546,9 @@ class ObjectStore:
         if getter is None or not obstoreget.path_ok(path):  # s3fs on the loop; this thread holds the slot
             return asyncio.run_coroutine_threadsafe(self._read_or_raise(rt, sem, key, on_attempts, etag),
                                                     rt.loop).result()
-        c, err, attempt, again = self._config, None, 0, 0
-        for attempt in range(c.retries + 1):
+        retries, err, again = Retries(self._config, self._rng), None, 0
+        while True:
+            retries.next_attempt()
             self._add(rt, gets=1)
             try:
                 sized = size is not None and size > 0
@@ -558,16 +563,17 @@ class ObjectStore:
             else:
                 err = None
                 break
-            if classify(err) != "retry" or attempt == c.retries:
+            pause = retries.after(err)
+            if pause is None:
                 break
             self._add(rt, retries=1)
-            time.sleep(backoff(c, attempt, self._rng))
+            time.sleep(pause)
         if err is None:
             self._add(rt, bytes=len(data), objects=1)
         if on_attempts is not None:
-            on_attempts(attempt + 1 + again)
+            on_attempts(retries.attempts + again)
         if err is not None:
-            raise self._sample_error(key, err, attempt + 1 + again)
+            raise self._sample_error(key, err, retries.attempts + again)
         return data
 
     async def _read_or_raise(self, rt: _Runtime, sem: asyncio.Semaphore, key: str,
@@ -701,9 +707,9 @@ class ObjectStore:
         says. `resumable`: a retry resumes after the last key received, and each page has its own
         retries; else (a delimiter listing: the root) it starts again. Counts one `lists` per
         listing call (the first, then each retry), as fsspec's whole-prefix calls were counted."""
-        c, objects, prefixes, after, failed, attempts = self._config, [], [], None, 0, 0
+        objects, prefixes, after, retries = [], [], None, Retries(self._config, self._rng)
         while True:
-            attempts += 1
+            retries.next_attempt()
             async with sem:
                 self._add(rt, lists=1)
                 pages, err = source(after), None
@@ -712,22 +718,23 @@ class ObjectStore:
                         try:
                             objs, prefs = await asyncio.wait_for(pages.__anext__(), wait)
                         except StopAsyncIteration:
-                            return objects, prefixes, None, attempts
+                            return objects, prefixes, None, retries.attempts
                         objects += objs
                         prefixes += prefs
                         if resumable and objs:
-                            after, failed = objs[-1][0], 0
+                            after = objs[-1][0]
+                            retries.progress()
                 except Exception as e:  # noqa: BLE001 (any backend's error; classified below)
                     err = e
                 finally:
                     await pages.aclose()
-            if classify(err) != "retry" or failed == c.retries:
-                return [], [], err, attempts
-            failed += 1
+            pause = retries.after(err)
+            if pause is None:
+                return [], [], err, retries.attempts
             self._add(rt, retries=1)
             if not resumable:
                 objects, prefixes = [], []
-            await asyncio.sleep(backoff(c, failed - 1, self._rng))
+            await asyncio.sleep(pause)
 
     def _list_root(self) -> tuple[list[str], BaseException | None, int]:
         """(the class names, sorted, None, attempts) or ([], the error, attempts): one listing of the root."""

@@ -26,11 +26,11 @@ through s3fs ("auto") unless the loader uses multiprocessing_context="spawn"/"fo
 from __future__ import annotations
 
 import datetime
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..forkguard import ForkGuard
 from .policy import KeyNotNamable, ObjectChanged
 
 #: s3fs storage_options that change nothing about a GET (listing caches, write and open() buffers,
@@ -48,7 +48,7 @@ _OBSTORE_ONLY_ENV = ("AWS_ENDPOINT", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "AWS_SK
                      "AWS_SSE_KMS_KEY_ID", "AWS_SSE_BUCKET_KEY_ENABLED", "AWS_SSE_CUSTOMER_KEY_BASE64",
                      "AWS_TOKEN", "AWS_IMDSV1_FALLBACK", "AWS_METADATA_ENDPOINT")
 
-_started_in: int | None = None  # the pid whose first obstore request started its tokio runtime
+_started_in: ForkGuard | None = None  # the process whose first obstore request started its tokio runtime
 
 
 def available() -> bool:
@@ -61,7 +61,7 @@ def available() -> bool:
 
 def runtime_inherited() -> bool:
     """True in a forked child of a process that made obstore requests: obstore hangs here (see above)."""
-    return _started_in is not None and _started_in != os.getpid()
+    return _started_in is not None and _started_in.forked()
 
 
 def s3_config(root: str, options: Mapping, environ: Mapping[str, str]) -> tuple[dict | None, str]:
@@ -171,7 +171,7 @@ def translate(err: BaseException) -> BaseException:
 def _started() -> None:
     global _started_in
     if _started_in is None:
-        _started_in = os.getpid()
+        _started_in = ForkGuard()
 
 
 def _s3store(kwargs: dict, seconds: float):
@@ -292,4 +292,4 @@ def _unquote(etag: str | None) -> str | None:
 
 def runtime_started_here() -> bool:
     """Whether this process has started obstore's runtime (made a request)."""
-    return _started_in == os.getpid()
+    return _started_in is not None and _started_in.owner()

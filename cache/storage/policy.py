@@ -3,9 +3,12 @@
 - `StoreConfig`: the validated knobs (in-flight bound, per-request timeout, retries, back-off, the
   client of s3:// GETs).
 - `backoff`: how long to wait before retry n (exponential, full jitter).
+- `Retries`: the one retry loop of every request (async GETs and listings, blocking obstore GETs):
+  attempts counted, and after a failure whether and how long to wait before the next.
 - `classify`: is an error worth retrying (throttling, 5xx, connection, timeout), or final
   (missing object, access denied, an object changed since it was listed: `ObjectChanged`)?
-- `Redactor`: removes credentials from any text coordl shows (errors, reprs).
+- `redactor`: the store's `Redactor` (cache/redact.py), knowing the secrets of its storage_options
+  and of the environment.
 - `walk_order_key`: the order a local copy's walk lists files in, for object keys.
 
 No I/O here: everything is a function of its arguments, tested without a server.
@@ -20,6 +23,8 @@ import random
 import re
 
 from coordl.errors import ConfigError
+
+from ..redact import Redactor
 
 #: Error class names (from botocore, aiohttp, urllib3, http.client) that mean "the connection
 #: or the server failed this time": retried. Matched by name so this module imports none of them.
@@ -102,6 +107,44 @@ def backoff(config: StoreConfig, retry: int, rng: random.Random) -> float:
     return rng.uniform(0.0, min(config.backoff_max, config.backoff_base * 2 ** retry))
 
 
+class Retries:
+    """One request's attempts under the policy: the one retry loop of the object store.
+
+        retries = Retries(config, rng)
+        while True:
+            retries.next_attempt()              # counts it (retries.attempts)
+            ... the attempt; on success, return its result
+            wait = retries.after(err)           # None: stop (a final error, or no retry left)
+            if wait is None: return the error
+            sleep(wait)                         # time.sleep or asyncio.sleep: the caller's
+
+    An error is retried when `classify` says "retry", at most `config.retries` times in a row; a
+    listing that received a page since its last failure calls `progress()`, and the next page has
+    its retries again (each page is retried alone)."""
+
+    def __init__(self, config: StoreConfig, rng: random.Random) -> None:
+        self.config, self.rng = config, rng
+        self.attempts = 0  # attempts made (the first and each retry)
+        self.failed = 0    # failures since the last progress (each followed by a retry)
+
+    def next_attempt(self) -> int:
+        """Count an attempt about to be made; the attempts made so far, this one included."""
+        self.attempts += 1
+        return self.attempts
+
+    def after(self, err: BaseException | None) -> float | None:
+        """Seconds to wait before the next attempt after `err`, or None when there is none: `err`
+        is final (`classify`), or `config.retries` retries in a row failed."""
+        if err is None or classify(err) != "retry" or self.failed >= self.config.retries:
+            return None
+        self.failed += 1
+        return backoff(self.config, self.failed - 1, self.rng)
+
+    def progress(self) -> None:
+        """The request moved on (a listing received a page): the retries left count from the full number."""
+        self.failed = 0
+
+
 class ObjectChanged(Exception):
     """A GET's object is not the one listed: the store refused its If-Match with the listed ETag
     (HTTP 412 Precondition Failed), or it answered with another size than the listed one."""
@@ -159,26 +202,15 @@ def _connection_string_secrets(values: set[str]) -> set[str]:
     return out
 
 
-class Redactor:
-    """Replaces every credential (storage_options values under key/secret/token/... keys, and the
-    AWS_/AZURE_ credential environment variables) and a URL's user:password@ with '***'."""
-
-    def __init__(self, storage_options: dict | None) -> None:
-        found: set[str] = set()
-        _secret_values(storage_options or {}, found)
-        found.update(v for v in (os.environ.get(n) for n in SECRET_ENV_VARS) if v)
-        found.update(_connection_string_secrets(found))
-        # longest first, so a secret containing another is replaced whole
-        self._secrets = sorted((s for s in found if len(s) >= 3), key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        text = re.sub(r"(://)[^/@\s]+@", r"\1***@", str(text))
-        for s in self._secrets:
-            text = text.replace(s, "***")
-        return text
-
-    def __repr__(self) -> str:
-        return f"Redactor({len(self._secrets)} secrets)"
+def redactor(storage_options: dict | None) -> Redactor:
+    """The Redactor of an ObjectStore: every credential (storage_options values under key/secret/token/...
+    keys, the AWS_/AZURE_ credential environment variables, the key and signature of an Azure
+    connection string) and a URL's user:password@ become '***'."""
+    found: set[str] = set()
+    _secret_values(storage_options or {}, found)
+    found.update(v for v in (os.environ.get(n) for n in SECRET_ENV_VARS) if v)
+    found.update(_connection_string_secrets(found))
+    return Redactor(found)
 
 
 def walk_order_key(key: str) -> tuple:

@@ -50,8 +50,9 @@ sends If-Match with the ETag listed (cache/storage/objstore.py).
 Persisted like the manifest (coordl/manifest/store.py): one file per (shard paths,
 extensions) in the folder the caller names, reused while every shard has the (size, mtime_ns,
 ctime_ns, inode) it had when indexed; a flock makes one process build while the others of the
-same moment wait and load its result; written under a temporary name and renamed. A file that
-fails its checksums is rebuilt. `BUILDS` counts builds and loads (tests).
+same moment wait and load its result; written under a temporary name and renamed (the index file
+of cache/indexfile.py, magic MAGIC). A file that fails its checksums is rebuilt. `BUILDS` counts
+builds and loads (tests).
 
 The fingerprint covers what a faithful copy of the shards keeps (base names, sizes, whole-second
 mtimes, every item's key, offset, size and label) and the first and last 4 KiB of up to
@@ -70,17 +71,18 @@ import json
 import os
 import re
 import tarfile
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
-import xxhash
 
 from coordl.errors import SampleError
 
-MAGIC = b"COORDLT1"
+from .. import indexfile
+from ..forkguard import ForkGuard
+
+MAGIC = b"COORDLT2"  # T2: the index file of cache/indexfile.py (T1 files are rebuilt once)
 SAMPLE_ITEMS = 64
 SAMPLE_BYTES = 4096
 WHOLE_SHARD = 16 << 20  # a shard in a bucket up to this size is indexed from one GET of all of it
@@ -181,7 +183,8 @@ class TarIndex:
         self.label_state: np.ndarray = arrays["label_state"]  # uint8: OK, MISSING, BAD
         self.key_off: np.ndarray = arrays["key_off"]          # int64 (n + 1): key i is keys[key_off[i]:key_off[i+1]]
         self.keys: np.ndarray = arrays["keys"]                # uint8: the keys, UTF-8, end to end
-        self._fds: tuple[int, dict[int, int]] = (os.getpid(), {})
+        self._fds: dict[int, int] = {}  # shard -> its fd, opened by this process (self._fork)
+        self._fork = ForkGuard()
         self.remote: tuple[Any, list[str]] | None = None  # (ObjectStore, shard keys) for shards in a bucket
         # per shard as indexed: local [size, mtime_ns, ctime_ns, inode]; in a bucket [size, ETag]
         self.stats: list[list] | None = None
@@ -213,10 +216,10 @@ class TarIndex:
         """Shard s's open fd in this process, checked against the index at open and at its first
         read of each epoch (`_check`): raises SampleError when the shard changed."""
         with self._lock:
-            pid, fds = self._fds
-            if pid != os.getpid():  # inherited through fork: this process opens its own
-                self._fds = pid, fds = os.getpid(), {}
-                self._checked = set()
+            if self._fork.forked():  # inherited through fork: this process opens its own
+                self._fds, self._checked = {}, set()
+                self._fork.reset()
+            fds = self._fds
             if s not in fds:
                 fds[s] = os.open(self.shards[s], os.O_RDONLY)
             if s not in self._checked:
@@ -240,11 +243,11 @@ class TarIndex:
 
     def close(self) -> None:
         with self._lock:
-            pid, fds = self._fds
-            if pid == os.getpid():
-                for fd in fds.values():
+            if self._fork.owner():
+                for fd in self._fds.values():
                     os.close(fd)
-            self._fds = os.getpid(), {}
+            self._fds = {}
+            self._fork.reset()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -408,52 +411,14 @@ def _arrays(scans: list[_Scan]) -> tuple[list, dict]:
 
 
 def _save(path: str, header: dict, arrays: dict[str, np.ndarray]) -> None:
-    table, chunks, off = {}, [], 0
-    for name in _ARRAYS:
-        data = np.ascontiguousarray(arrays[name]).tobytes()
-        table[name] = [off, arrays[name].dtype.str, int(arrays[name].size), xxhash.xxh3_64_hexdigest(data)]
-        chunks.append(data)
-        off += len(data)
-    text = json.dumps({**header, "arrays": table}).encode()
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + len(text).to_bytes(8, "little") + xxhash.xxh3_64_intdigest(text).to_bytes(8, "little"))
-            f.write(text)
-            for c in chunks:
-                f.write(c)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    indexfile.save(path, MAGIC, header, {name: arrays[name] for name in _ARRAYS})
 
 
 def _load(path: str) -> tuple[dict, dict[str, np.ndarray]] | None:
     """The header and arrays of a persisted index, or None if missing, foreign or damaged."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    if raw[:8] != MAGIC or len(raw) < 24:
-        return None
-    n = int.from_bytes(raw[8:16], "little")
-    text = raw[24:24 + n]
-    if len(text) != n or xxhash.xxh3_64_intdigest(text) != int.from_bytes(raw[16:24], "little"):
-        return None
-    try:
-        header = json.loads(text)
-        arrays = {}
-        for name, (off, dtype, count, digest) in header["arrays"].items():
-            start = 24 + n + off
-            data = raw[start:start + count * np.dtype(dtype).itemsize]
-            if len(data) != count * np.dtype(dtype).itemsize or xxhash.xxh3_64_hexdigest(data) != digest:
-                return None
-            arrays[name] = np.frombuffer(data, dtype=dtype)
-    except (ValueError, KeyError, TypeError):
-        return None
-    return header, arrays
+    header, _ = indexfile.load_header(path, MAGIC)
+    arrays = None if header is None else indexfile.read_arrays(path, header)
+    return None if header is None or arrays is None else (header, arrays)
 
 
 def build_index(shards: Sequence[str], image_ext: Sequence[str] = ("jpg", "jpeg", "png", "webp"),

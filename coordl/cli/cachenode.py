@@ -21,6 +21,7 @@ import tempfile
 import click
 
 from coordl.cache.partitioned import membership, nodeproc, nodetls, nodeurl, redisnode
+from coordl.cache.redact import redact_url, scrub
 from coordl.cache.sizes import fmt_bytes, parse_size
 from coordl.errors import CacheError, ConfigError
 
@@ -98,7 +99,7 @@ def start_cmd(cache: str, port: int, bind: str, password_file: str | None, user:
         stdout.close()
     if proc.returncode != 0:
         raise CacheError(f"redis-server did not start on port {port}: "
-                         f"{nodeurl.scrub(out.decode(errors='replace').strip()[-400:], cfg.url) or 'no output'}")
+                         f"{scrub(out.decode(errors='replace').strip()[-400:], cfg.url) or 'no output'}")
     pid = redisnode.daemon_pid(cfg, directory)
     try:
         redisnode.wait_ready(cfg.url, pid=pid, tls=cfg.client_tls())
@@ -107,7 +108,7 @@ def start_cmd(cache: str, port: int, bind: str, password_file: str | None, user:
         redisnode.stop_pid(pid)   # just seen as redis-server on this port, started by us
         _remove(cfg.recordfile(directory))
         raise
-    shown = redisnode.redact(cfg.url)
+    shown = redact_url(cfg.url)
     if not redisnode.is_loopback(bind) and bind.split()[0] in ("0.0.0.0", "::"):
         shown = shown.replace("127.0.0.1", socket.getfqdn())
     click.echo(shown)
@@ -214,7 +215,7 @@ def status_cmd(urls: tuple[str, ...], tls_ca: str | None, tls_cert: str | None, 
     tls = nodetls.options(urls or ("rediss://",), tls_ca, tls_cert, tls_key)
     failed = 0
     for url in urls or (f"redis://127.0.0.1:{redisnode.DEFAULT_PORT}/0",):
-        shown = redisnode.redact(url)
+        shown = redact_url(url)
         problem = nodeurl.url_problem(url)
         if problem:
             click.echo(f"{shown}\n  bad URL: {problem}")
@@ -228,7 +229,7 @@ def status_cmd(urls: tuple[str, ...], tls_ca: str | None, tls_cert: str | None, 
             finally:
                 client.close()
         except ValueError as e:
-            click.echo(f"{shown}\n  bad URL: {nodeurl.scrub(str(e), url)}")
+            click.echo(f"{shown}\n  bad URL: {scrub(str(e), url)}")
             failed += 1
             continue
         except redis.RedisError as e:
@@ -270,10 +271,10 @@ def members_cmd(urls: tuple[str, ...], update: bool, tls_ca: str | None, tls_cer
     nodes = check_nodes(list(urls))   # a node twice, a bad URL: ConfigError
     tls = nodetls.options(nodes, tls_ca, tls_cert, tls_key)
     names = [redisnode.node_name(u) for u in nodes]
-    membership.one_server_each([redisnode.redact(u) for u in nodes], [_run_id(u, tls) for u in nodes])
+    membership.one_server_each([redact_url(u) for u in nodes], [_run_id(u, tls) for u in nodes])
     failed = 0
     for url in nodes:
-        shown = redisnode.redact(url)
+        shown = redact_url(url)
         try:
             client = _client(url, tls)
             try:

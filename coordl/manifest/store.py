@@ -49,9 +49,8 @@ a torn one. A folder coordl cannot create or write means a scan and one
 `ManifestCacheWarning` naming where the folder came from (the argument, the
 variable or the default) and what to set, never an error.
 
-Layout: MAGIC (8 bytes), the header's length (8, little-endian), the xxh3_64
-of the header (8), the header (ASCII JSON), zero padding to `body`, the
-arrays (each 8-byte aligned, at `body` + its offset).
+Layout: the index file of cache/indexfile.py (MAGIC, the header under its
+checksum, the arrays under theirs), with the header's ``format`` (identity.FORMAT).
 """
 
 from __future__ import annotations
@@ -61,19 +60,17 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
 
 import numpy as np
-import xxhash
 
+from coordl.cache import indexfile
 from coordl.manifest.identity import FORMAT
 from coordl.manifest.threads import spread_map
 
 MAGIC = b"COORDLM3"  # M3: the header under a checksum (M2 files are rescanned)
-PREFIX = 24          # MAGIC, header length, header xxh3_64
 RACY_NS = 2_000_000_000
 ENV = "COORDL_MANIFEST_CACHE"
 LOCAL_ARRAYS = ("ctimes", "inodes")  # read only when a rescan compares against the old scan
@@ -140,28 +137,7 @@ def locked(path: str) -> Iterator[None]:
 def load_header(path: str) -> tuple[dict | None, str]:
     """(the header of a persisted manifest, "") or (None, why it is damaged); (None, "") if the
     file is missing, unreadable or foreign (another magic or format: rescanned in silence)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(PREFIX)
-            if len(head) < 8 or head[:8] != MAGIC:
-                return None, ""
-            n = int.from_bytes(head[8:16], "little")
-            text = f.read(n) if len(head) == PREFIX and n <= os.fstat(f.fileno()).st_size else b""
-            size = os.fstat(f.fileno()).st_size
-    except OSError:
-        return None, ""
-    if len(text) != n or len(head) != PREFIX or xxhash.xxh3_64_intdigest(text) != int.from_bytes(
-            head[16:24], "little"):
-        return None, "its header fails its checksum"
-    try:
-        header = json.loads(text)
-    except ValueError:
-        return None, "its header is not JSON"
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        return None, ""
-    if header.get("total") != size:
-        return None, f"{size} bytes where its header records {header.get('total')!r}"
-    return header, ""
+    return indexfile.load_header(path, MAGIC, FORMAT)
 
 
 def read_header(path: str) -> dict | None:
@@ -173,22 +149,9 @@ def read_arrays(path: str, header: dict, local: bool = False,
                 only_local: bool = False) -> dict[str, np.ndarray] | None:
     """The arrays of a persisted manifest (with ctimes/inodes when `local`; those alone when
     `only_local`), or None if torn."""
-    out = {}
-    try:
-        with open(path, "rb") as f:
-            for name, (off, dtype, count, digest) in header["arrays"].items():
-                if (name in LOCAL_ARRAYS and not (local or only_local)) or (
-                        only_local and name not in LOCAL_ARRAYS):
-                    continue
-                f.seek(header["body"] + off)
-                nbytes = count * np.dtype(dtype).itemsize
-                data = f.read(nbytes)
-                if len(data) != nbytes or xxhash.xxh3_64_hexdigest(data) != digest:
-                    return None
-                out[name] = np.frombuffer(data, dtype=dtype)
-    except (OSError, KeyError, ValueError, TypeError):
-        return None
-    return out
+    names = [name for name in header.get("arrays", {})
+             if (name in LOCAL_ARRAYS and (local or only_local)) or (name not in LOCAL_ARRAYS and not only_local)]
+    return indexfile.read_arrays(path, header, names)
 
 
 def _stat_key(path: str, fields: tuple[str, ...]) -> list[int] | None:
@@ -240,33 +203,5 @@ def is_racy(dirs: list, scan_ns: int) -> bool:
 
 
 def save(path: str, header: dict, arrays: dict[str, np.ndarray]) -> None:
-    """Write header + arrays under a temporary name, then rename it over `path`."""
-    table, off, chunks = {}, 0, []
-    for name, arr in arrays.items():
-        data = np.ascontiguousarray(arr).tobytes()
-        table[name] = [off, arr.dtype.str, int(arr.size), xxhash.xxh3_64_hexdigest(data)]
-        pad = -len(data) % 8
-        chunks += [data, b"\0" * pad]
-        off += len(data) + pad
-    header = {**header, "format": FORMAT, "arrays": table}
-    body = PREFIX + len(json.dumps(header, ensure_ascii=True)) + 64
-    body += -body % 8
-    while True:  # the header holds the body's offset and the file's size: grow until they fit
-        header["body"], header["total"] = body, body + off
-        text = json.dumps(header, ensure_ascii=True).encode()
-        if PREFIX + len(text) <= body:
-            break
-        body += 8
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + len(text).to_bytes(8, "little")
-                    + xxhash.xxh3_64_intdigest(text).to_bytes(8, "little") + text)
-            f.write(b"\0" * (body - PREFIX - len(text)))
-            for c in chunks:
-                f.write(c)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write header + arrays under a temporary name, then rename it over `path` (cache/indexfile.py)."""
+    indexfile.save(path, MAGIC, {**header, "format": FORMAT}, arrays)

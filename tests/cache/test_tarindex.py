@@ -9,6 +9,7 @@ import tarfile
 
 import pytest
 
+from coordl.cache import indexfile
 from coordl.cache.storage import tarindex
 from coordl.errors import SampleError
 
@@ -101,11 +102,19 @@ def test_the_index_is_persisted_and_reused_until_a_shard_changes(shards, tmp_pat
     assert third.fingerprint != first.fingerprint and third.read(0) == _img(100)
     # a damaged file is not loaded: rebuilt
     (path,) = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".tarindex")]
+    header, _ = indexfile.load_header(path, tarindex.MAGIC)
+    assert header is not None
     with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) - 3)
+        f.seek(header["body"])                     # the first bytes of the first array
         f.write(b"\xff\xff\xff")
     tarindex.build_index(shards, folder=folder)
     assert tarindex.BUILDS["builds"] - before["builds"] == 3
+    # a file of the old format (magic COORDLT1) is rebuilt once, then loaded
+    with open(path, "r+b") as f:
+        f.write(b"COORDLT1")
+    tarindex.build_index(shards, folder=folder).close()
+    tarindex.build_index(shards, folder=folder).close()
+    assert tarindex.BUILDS["builds"] - before["builds"] == 4
     for ix in (first, second, third):
         ix.close()
 

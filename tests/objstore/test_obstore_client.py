@@ -237,7 +237,7 @@ def test_a_child_of_a_process_that_used_obstore_falls_back_or_refuses(s3):
     with ObjectStore.from_url(s3.url, opts) as auto, \
             ObjectStore.from_url(s3.url, opts, fetch_client="obstore") as strict:
         assert auto.read_many(s3.keys[:3]) == [bytes.fromhex(h) for h in want]  # this process's runtime starts
-        assert obstoreget._started_in == os.getpid()
+        assert obstoreget.runtime_started_here()
         assert _in_child(read(auto)) == {"ok": {"client": "s3fs", "data": want, "gets": 3}}
         refused = _in_child(read(strict))
         assert refused["error"] == "ConfigError" and "multiprocessing_context='spawn'" in refused["text"]
@@ -267,7 +267,7 @@ for _ in range(2):
     out["epochs"].append(len(remote) == len(here) > 0 and all(
         torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(remote, here)))
 out["reads"] = [remote_loader.stats()["storage_reads"], 2 * len(ds)]
-out["parent_used_obstore"] = obstoreget._started_in is not None
+out["parent_used_obstore"] = obstoreget.runtime_started_here()
 store.close()
 del remote_loader, local_loader
 print(json.dumps(out))
