@@ -37,10 +37,12 @@ import pytest  # noqa: E402
 from coordl.cache import shm  # noqa: E402
 from coordl.cli.make_dataset import make_dataset  # noqa: E402
 
-# tests/forked.py and tests/jobs.py, importable as `coordl_tests_forked` and `coordl_tests_jobs`
-# (tests/ is no package, and importlib mode puts nothing on sys.path): commands and scripts as
-# forked children of the test process; training jobs run as a user runs them, bounded
-for _name, _file in (("coordl_tests_forked", "forked.py"), ("coordl_tests_jobs", "jobs.py")):
+# tests/forked.py, tests/jobs.py and tests/loaderhelp.py, importable as `coordl_tests_forked`,
+# `coordl_tests_jobs` and `coordl_tests_loaderhelp` (tests/ is no package, and importlib mode puts
+# nothing on sys.path): commands and scripts as forked children of the test process; training jobs
+# run as a user runs them, bounded; an epoch's batches and counters
+for _name, _file in (("coordl_tests_forked", "forked.py"), ("coordl_tests_jobs", "jobs.py"),
+                     ("coordl_tests_loaderhelp", "loaderhelp.py")):
     _spec = importlib.util.spec_from_file_location(_name, os.path.join(os.path.dirname(__file__), _file))
     sys.modules[_name] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules[_name])

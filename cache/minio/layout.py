@@ -30,7 +30,7 @@ reader serves bytes only once they hash to what the writer stored, and marks
 an entry CORRUPT only when it still does not match under the lock. The cost
 on x86-64 is the hash (~10 us for a 100 KiB JPEG); the lock is taken only on
 a mismatch. How it was checked: there is no aarch64 machine here, so
-tests/cache/test_minio.py makes that reordering happen on purpose (a writer
+tests/cache/minio/test_minio.py makes that reordering happen on purpose (a writer
 publishes offset, checksum and length before the bytes, holding the lock)
 and shows that a reader meanwhile waits on the lock and serves the complete
 entry, with nothing counted as corrupt. The header needs no more: its

@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from coordl_tests_loaderhelp import batches_of, counts_of
 
 import coordl
 from coordl.cache import shm
@@ -22,17 +23,6 @@ pytest.importorskip("nvidia.dali")
 def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     mse = torch.mean((a.double() - b.double()) ** 2).item()
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
-
-
-def _batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(images.clone(), labels.clone()) for images, labels in loader]
-
-
-def _delta(loader, run) -> dict[str, int]:
-    before = loader.stats()
-    run()
-    after = loader.stats()
-    return {k: after[k] - before[k] for k in before}
 
 
 @pytest.fixture
@@ -49,14 +39,14 @@ def test_shapes_labels_order_and_counters_match_the_cpu_backend(tiny_root):
     gpu_less = coordl.DataLoader(ds, batch_size=12, shuffle=True, backend="dali")
     assert len(gpu_less) == len(cpu) == 4
     for epoch in range(2):
-        want = _batches(cpu)
+        want = batches_of(cpu)
         it = iter(gpu_less)
         assert len(it) == 4
         got: list = []
 
         def consume(it=it, got=got):
             got.extend((i.clone(), t.clone()) for i, t in it)
-        delta = _delta(gpu_less, consume)
+        delta = counts_of(gpu_less, consume)
         assert gpu_less.epoch == epoch
         assert [g[0].shape for g in got] == [w[0].shape for w in want]
         assert got[0][0].shape == (12, 3, 40, 40) and got[-1][0].shape == (4, 3, 40, 40)
@@ -72,8 +62,8 @@ def test_shapes_labels_order_and_counters_match_the_cpu_backend(tiny_root):
 
 def test_val_is_close_to_the_cpu_backends_val(photo_root):
     ds = coordl.ImageFolder(photo_root, transform="val")
-    want = _batches(coordl.DataLoader(ds, batch_size=8))
-    got = _batches(coordl.DataLoader(ds, batch_size=8, num_workers=2, backend="dali"))
+    want = batches_of(coordl.DataLoader(ds, batch_size=8))
+    got = batches_of(coordl.DataLoader(ds, batch_size=8, num_workers=2, backend="dali"))
     assert len(got) == len(want) == 3
     psnrs = []
     for (gi, gl), (wi, wl) in zip(got, want):
@@ -90,14 +80,14 @@ def test_half_cache_epoch_two_reads_exactly_the_uncached_items(own_root):
                                backend="dali")
     bound = loader.dataset
     try:
-        first = _delta(loader, lambda: _batches(loader))
+        first = counts_of(loader, lambda: batches_of(loader))
         assert first["storage_reads"] == n and first["storage_bytes"] == total
         assert first["cache_misses"] == n and first["cache_inserts"] == loader.stats()["cache_items"]
         uncached = [i for i in range(n) if bound.cache.get(i) is None]
         assert 0 < len(uncached) < n
         sizes = ds.manifest.sizes
         for _ in range(2):
-            later = _delta(loader, lambda: _batches(loader))
+            later = counts_of(loader, lambda: batches_of(loader))
             assert later["storage_reads"] == len(uncached)
             assert later["storage_bytes"] == sum(int(sizes[i]) for i in uncached)
             assert later["cache_hits"] == n - len(uncached) and later["cache_inserts"] == 0
@@ -111,7 +101,7 @@ def test_deterministic_per_seed_and_epoch_whatever_the_thread_count(tiny_root):
     def run(seed, workers, epochs=2):
         ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=seed)
         loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers, backend="dali")
-        return [torch.cat([b[0] for b in _batches(loader)]) for _ in range(epochs)]
+        return [torch.cat([b[0] for b in batches_of(loader)]) for _ in range(epochs)]
 
     a, b = run(1, 0), run(1, 2)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
@@ -120,7 +110,7 @@ def test_deterministic_per_seed_and_epoch_whatever_the_thread_count(tiny_root):
     ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=1)
     resumed = coordl.DataLoader(ds, batch_size=8, shuffle=True, backend="dali")
     resumed.set_epoch(1)
-    assert torch.equal(torch.cat([x[0] for x in _batches(resumed)]), a[1])
+    assert torch.equal(torch.cat([x[0] for x in batches_of(resumed)]), a[1])
 
 
 def test_thread_mapping():
@@ -144,7 +134,7 @@ def test_on_error_skip_drops_and_counts(own_root):
     ds = coordl.ImageFolder(own_root, transform="val", size=32, on_error="skip")
     loader = coordl.DataLoader(ds, batch_size=8, backend="dali")
     got: list = []
-    delta = _delta(loader, lambda: got.extend(_batches(loader)))
+    delta = counts_of(loader, lambda: got.extend(batches_of(loader)))
     assert sum(len(b[1]) for b in got) == len(ds) - 2
     assert delta["errors_skipped"] == 2 and delta["samples"] == len(ds) - 2 and delta["decodes"] == len(ds)
     assert [len(b[1]) for b in got] == [7, 8, 7, 8, 8]       # items 3 and 17 dropped from their batches
@@ -157,7 +147,7 @@ def test_on_error_raise_names_the_file(own_root):
     ds = coordl.ImageFolder(own_root, transform="val", size=32)
     loader = coordl.DataLoader(ds, batch_size=8, backend="dali")
     with pytest.raises(coordl.SampleError, match=f"{garbage}: not an image format.*on_error='skip'"):
-        _batches(loader)
+        batches_of(loader)
 
 
 def test_a_file_dali_cannot_decode_names_the_file(own_root):
@@ -173,10 +163,10 @@ def test_a_file_dali_cannot_decode_names_the_file(own_root):
     loader = coordl.DataLoader(coordl.ImageFolder(own_root, transform="val", size=32), batch_size=8,
                                backend="dali")
     with pytest.raises(coordl.SampleError, match=f"{victim}: DALI cannot decode it"):
-        _batches(loader)
+        batches_of(loader)
     skip = coordl.DataLoader(coordl.ImageFolder(own_root, transform="val", size=32, on_error="skip"),
                              batch_size=8, backend="dali")
-    assert sum(len(b[1]) for b in _batches(skip)) == len(ds) - 1
+    assert sum(len(b[1]) for b in batches_of(skip)) == len(ds) - 1
 
 
 def test_what_the_dali_backend_refuses(tiny_root):
@@ -215,7 +205,7 @@ def test_an_unfinished_epoch_then_a_full_one(tiny_root):
     it = iter(loader)
     next(it)
     it.close()
-    assert sum(len(b[1]) for b in _batches(loader)) == len(ds)
+    assert sum(len(b[1]) for b in batches_of(loader)) == len(ds)
     assert dali.INSTALL_HINT.startswith("pip install coordl[dali]")
 
 
@@ -225,17 +215,17 @@ def test_state_dict_mid_epoch_resumes_the_remaining_batches(tiny_root):
         return coordl.DataLoader(ds, batch_size=8, shuffle=True, backend="dali")
 
     whole = loader()
-    _batches(whole)                                          # epoch 0
-    want = _batches(whole)                                   # epoch 1, uninterrupted
+    batches_of(whole)                                          # epoch 0
+    want = batches_of(whole)                                   # epoch 1, uninterrupted
     first = loader()
-    _batches(first)
+    batches_of(first)
     it = iter(first)
     head = [next(it), next(it)]
     state = first.state_dict()
     it.close()
     again = loader()
     again.load_state_dict(state)
-    rest = _batches(again)
+    rest = batches_of(again)
     assert len(rest) == len(want) - 2
     for (gi, gl), (wi, wl) in zip(head + rest, want):
         assert torch.equal(gi, wi) and torch.equal(gl, wl)
@@ -248,8 +238,8 @@ def test_a_file_gone_from_storage_is_skipped_or_named(own_root):
     os.unlink(gone)                                         # after the scan: fetch fails
     loader = coordl.DataLoader(ds, batch_size=8, backend="dali")
     got: list = []
-    delta = _delta(loader, lambda: got.extend(_batches(loader)))
+    delta = counts_of(loader, lambda: got.extend(batches_of(loader)))
     assert delta["errors_skipped"] == 1 and delta["samples"] == len(ds) - 1
     assert delta["decodes"] == len(ds) - 1                  # never handed to the decoder
     with pytest.raises(coordl.SampleError, match=f"{gone}: cannot read the file"):
-        _batches(coordl.DataLoader(strict, batch_size=8, backend="dali"))
+        batches_of(coordl.DataLoader(strict, batch_size=8, backend="dali"))

@@ -31,7 +31,7 @@ def mixed_root(tiny_root, tmp_path):
     return root
 
 
-def _epoch(loader) -> tuple[list[tuple[int, list[int]]], int]:
+def _rows_and_skips(loader) -> tuple[list[tuple[int, list[int]]], int]:
     """(per batch: rows and labels, errors skipped) of one epoch."""
     before = loader.stats()["errors_skipped"]
     got = [(images.shape[0], labels.tolist()) for images, labels in loader]
@@ -44,8 +44,8 @@ def test_a_mixed_folder_gives_the_same_rows_and_skips_on_both_backends(mixed_roo
     cpu = coordl.DataLoader(ds, batch_size=8, shuffle=True)
     dali = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, backend="dali")
     for epoch in range(epochs):
-        want, want_skipped = _epoch(cpu)
-        got, got_skipped = _epoch(dali)
+        want, want_skipped = _rows_and_skips(cpu)
+        got, got_skipped = _rows_and_skips(dali)
         rows = sum(n for n, _ in got)
         print(f"{transform} epoch {epoch}: CPU {sum(n for n, _ in want)} rows, {want_skipped} skipped; "
               f"DALI {rows} rows, {got_skipped} skipped")

@@ -20,7 +20,7 @@ def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
 
 
-def _batches(root, workers: int, **kw):
+def _train_epoch(root, workers: int, **kw):
     loader = coordl.DataLoader(coordl.ImageFolder(root, "train", size=64, seed=3), batch_size=8, shuffle=True,
                                num_workers=workers, **kw)
     return [(i.clone(), t.clone()) for i, t in loader], loader.stats()
@@ -28,8 +28,8 @@ def _batches(root, workers: int, **kw):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_same_batches_as_the_cpu_pipeline_within_30db(photo_root, workers):
-    ref, ref_stats = _batches(photo_root, 0)
-    got, stats = _batches(photo_root, workers, device="cpu", decoder="cpu")
+    ref, ref_stats = _train_epoch(photo_root, 0)
+    got, stats = _train_epoch(photo_root, workers, device="cpu", decoder="cpu")
     assert len(got) == len(ref) == 3
     for (gi, gl), (ri, rl) in zip(got, ref):
         assert gi.shape == ri.shape and gi.dtype == torch.uint8 and torch.equal(gl, rl)

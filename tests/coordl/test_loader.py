@@ -12,7 +12,7 @@ from coordl.batch import collate
 from coordl.loader.stats import Counters
 
 
-def _epoch(loader):
+def _whole_epoch(loader):
     xs, ys = [], []
     for x, y in loader:
         xs.append(x.clone())
@@ -40,7 +40,7 @@ def test_same_batches_whatever_num_workers_and_across_runs(tiny_root, transform)
         g = torch.Generator().manual_seed(5)
         loader = coordl.DataLoader(ds, batch_size=6, shuffle=True, generator=g, num_workers=workers,
                                    persistent_workers=persistent)
-        return [_epoch(loader) for _ in range(2)]
+        return [_whole_epoch(loader) for _ in range(2)]
 
     def same(a, b):
         return all(torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(a, b))
@@ -72,22 +72,22 @@ def test_set_epoch_resumes_the_same_augmentation(tiny_root):
         return coordl.DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
 
     full = loader()
-    epochs = [_epoch(full) for _ in range(3)]
+    epochs = [_whole_epoch(full) for _ in range(3)]
     resumed = loader()
     resumed.set_epoch(2)
-    x, y = _epoch(resumed)
+    x, y = _whole_epoch(resumed)
     assert torch.equal(x, epochs[2][0]) and resumed.epoch == 2
 
 
 def test_stats_count_every_read_and_decode_over_workers(tiny_root):
     ds = coordl.ImageFolder(tiny_root, transform="train", size=32)
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2)
-    _epoch(loader)
+    _whole_epoch(loader)
     s = loader.stats()
     total = ds.manifest.total_bytes
     assert s["storage_reads"] == 40 and s["storage_bytes"] == total
     assert s["decodes"] == 40 and s["samples"] == 40 and s["errors_skipped"] == 0
-    _epoch(loader)
+    _whole_epoch(loader)
     s2 = loader.stats()
     assert s2["storage_reads"] == 80 and s2["storage_bytes"] == 2 * total  # cumulative
 
@@ -169,7 +169,11 @@ def test_no_worker_survives_the_loader(tiny_root):
     del it, loader
     gc.collect()
     psutil.wait_procs(me.children(), timeout=10)
-    assert [p for p in me.children() if p.status() != psutil.STATUS_ZOMBIE] == []
+    # Python's own helpers (resource_tracker, forkserver: started once by an earlier test's spawn
+    # workers, live until exit) are no loader's workers
+    helpers = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+    assert [p for p in me.children() if p.status() != psutil.STATUS_ZOMBIE
+            and not any(h in " ".join(p.cmdline()) for h in helpers)] == []
 
 
 def test_spawn_workers_give_the_same_batches_and_counts(tiny_root):
@@ -177,7 +181,7 @@ def test_spawn_workers_give_the_same_batches_and_counts(tiny_root):
         ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=2)
         loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, multiprocessing_context=ctx,
                                    generator=torch.Generator().manual_seed(0))
-        return _epoch(loader), loader.stats()
+        return _whole_epoch(loader), loader.stats()
 
     (xa, ya), sa = run("fork")
     (xb, yb), sb = run("spawn")

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from coordl_tests_loaderhelp import epoch_counts
 
 import coordl
 from coordl.cache import shm
@@ -28,14 +29,6 @@ def own_root(tiny_root, tmp_path):
 
 
 
-def _epoch(loader) -> dict[str, int]:
-    before = loader.stats()
-    for _ in loader:
-        pass
-    after = loader.stats()
-    return {k: after[k] - before[k] for k in before}
-
-
 def _read(ds, i) -> bytes:
     with open(ds.manifest.path(i), "rb") as f:
         return f.read()
@@ -50,7 +43,7 @@ def test_counting_half_capacity_three_shuffled_epochs_two_workers(own_root, drop
     dropped.append(loader.dataset)
     assert loader.dataset.drop_page_cache is True and ds.cache is None
 
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["storage_reads"] == n and first["storage_bytes"] == total
     assert first["cache_misses"] == n and first["cache_hits"] == 0
     state = loader.stats()
@@ -58,7 +51,7 @@ def test_counting_half_capacity_three_shuffled_epochs_two_workers(own_root, drop
     assert 0 < cached <= capacity and state["cache_capacity"] == capacity
     assert first["cache_inserts"] == items
     for _ in range(2):
-        later = _epoch(loader)
+        later = epoch_counts(loader)
         assert later["storage_bytes"] == total - cached
         assert later["storage_reads"] == n - items
         assert later["cache_hits"] == items and later["cache_inserts"] == 0
@@ -72,7 +65,7 @@ def test_spawned_workers_reattach_by_name(own_root, dropped):
     dropped.append(ds)
     loader = coordl.DataLoader(ds, batch_size=10, num_workers=2, cache="1MiB",
                                multiprocessing_context="spawn")
-    first, second = _epoch(loader), _epoch(loader)
+    first, second = epoch_counts(loader), epoch_counts(loader)
     assert first["cache_inserts"] == len(ds) == second["cache_hits"]   # workers wrote, workers read
     assert second["storage_reads"] == 0
 
@@ -130,13 +123,13 @@ def test_cache_outlives_the_loader_and_a_restarted_job_hits_at_once(own_root, dr
     ds = coordl.ImageFolder(own_root, transform="val", size=32)
     dropped.append(ds)
     loader = coordl.DataLoader(ds, batch_size=8, cache="1MiB")
-    _epoch(loader)
+    epoch_counts(loader)
     loader.dataset.cache.close()
     del loader
     again = coordl.ImageFolder(own_root, transform="val", size=32)
     loader = coordl.DataLoader(again, batch_size=8, cache="4MiB")
     dropped.append(loader.dataset)
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["cache_hits"] == len(again) and first["storage_reads"] == 0
     # 1 MiB and 4 MiB are both capped to the dataset's bytes: the same cache, attached to
     assert loader.dataset.cache.capacity == again.manifest.total_bytes
@@ -146,7 +139,7 @@ def test_changed_file_gives_a_new_fingerprint_and_a_new_cache(own_root, dropped)
     old = coordl.ImageFolder(own_root, transform="val", size=32)
     old_loader = coordl.DataLoader(old, batch_size=8, cache="1MiB")
     dropped.append(old_loader.dataset)
-    _epoch(old_loader)
+    epoch_counts(old_loader)
     victim, donor = old.manifest.path(3), old.manifest.path(7)
     shutil.copyfile(donor, victim)                         # same name, other bytes
     new = coordl.ImageFolder(own_root, transform="val", size=32)
@@ -155,14 +148,14 @@ def test_changed_file_gives_a_new_fingerprint_and_a_new_cache(own_root, dropped)
     dropped.append(loader.dataset)
     new_cache, old_cache = loader.dataset.cache, old_loader.dataset.cache
     assert new_cache.name != old_cache.name and new_cache.stats()["cache_items"] == 0
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["cache_hits"] == 0 and first["storage_reads"] == len(new)
     assert bytes(loader.dataset.fetch(3)) == _read(new, 7)
 
 
 def test_capacity_beyond_free_space_is_capped_to_the_dataset(own_root, dropped):
     """More than the folder holds, over a dataset that fits: capped, accepted (a cache that could
-    never fit its dataset is refused with the free space: tests/cache/test_minio.py)."""
+    never fit its dataset is refused with the free space: tests/cache/minio/test_minio.py)."""
     ds = coordl.ImageFolder(own_root, transform="val", size=32)
     dropped.append(ds)
     free = shm.free_bytes(shm.SHM_DIR)
@@ -181,7 +174,7 @@ def test_a_never_iterated_loader_takes_the_index_only(own_root, dropped):
     assert cache.capacity == ds.manifest.total_bytes and cache.requested == 2**30
     assert os.stat(cache.path).st_size == data_offset(len(ds)) + ds.manifest.total_bytes
     assert os.stat(cache.path).st_blocks * 512 <= data_offset(len(ds))   # no arena page yet
-    first, second = _epoch(loader), _epoch(loader)
+    first, second = epoch_counts(loader), epoch_counts(loader)
     assert first["cache_inserts"] == len(ds) and second["cache_hits"] == len(ds)  # all of it fits
     assert second["storage_reads"] == 0
 
@@ -192,7 +185,7 @@ def test_another_size_is_refused_while_in_use_and_honoured_once_unused(own_root,
     total = ds.manifest.total_bytes
     holder = coordl.DataLoader(ds, batch_size=8, cache=total // 2)
     dropped.append(holder.dataset)
-    _epoch(holder)
+    epoch_counts(holder)
     for other in (total // 4, "10GiB"):                        # "10GiB": capped to `total`, still not total // 2
         with pytest.raises(coordl.CacheError) as e:
             coordl.DataLoader(ds, batch_size=8, cache=other)
@@ -201,13 +194,13 @@ def test_another_size_is_refused_while_in_use_and_honoured_once_unused(own_root,
         assert shm.fmt_bytes(parse_size(other) if other != "10GiB" else total) in msg
     assert "capped to the dataset" in msg and "stop those processes" in msg
     same = coordl.DataLoader(ds, batch_size=8, cache=total // 2)   # the same size shares it
-    assert _epoch(same)["cache_hits"] == holder.stats()["cache_items"]
+    assert epoch_counts(same)["cache_hits"] == holder.stats()["cache_items"]
     holder.dataset.cache.close()
     same.dataset.cache.close()
     smaller = coordl.DataLoader(ds, batch_size=8, cache=total // 4)  # nobody uses it: a new cache
     dropped.append(smaller.dataset)
     assert smaller.dataset.cache.capacity == total // 4 and smaller.stats()["cache_items"] == 0
-    first = _epoch(smaller)
+    first = epoch_counts(smaller)
     assert first["storage_reads"] == len(ds) and 0 < smaller.stats()["cache_bytes"] <= total // 4
 
 
@@ -249,9 +242,9 @@ def test_two_loaders_on_one_dataset_keep_their_own_counters_and_caches(own_root,
     plain = coordl.DataLoader(ds, batch_size=8, num_workers=0)
     assert vars(ds) == before                                 # nothing added or changed on it
     assert ds.cache is None and plain.dataset.cache is None and cached.dataset.cache is not None
-    first, second = _epoch(cached), _epoch(cached)
+    first, second = epoch_counts(cached), epoch_counts(cached)
     assert first["storage_reads"] == len(ds) and second["cache_hits"] == len(ds)
-    alone = _epoch(plain)
+    alone = epoch_counts(plain)
     assert alone["storage_reads"] == len(ds) and alone["cache_hits"] == alone["cache_misses"] == 0
     assert plain.stats()["samples"] == len(ds)                # its own counters only
     assert cached.stats()["samples"] == 2 * len(ds)

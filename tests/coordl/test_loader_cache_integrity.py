@@ -7,21 +7,11 @@ import shutil
 
 import numpy as np
 import torch
+from coordl_tests_loaderhelp import batches_of, epoch_batches_counts
 
 import coordl
 from coordl.cache import shm
 from coordl.cache.minio.layout import Segment
-
-
-def _batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(images.clone(), labels.clone()) for images, labels in loader]
-
-
-def _epoch(loader) -> tuple[list, dict[str, int]]:
-    before = loader.stats()
-    out = _batches(loader)
-    after = loader.stats()
-    return out, {k: after[k] - before.get(k, 0) for k in after}
 
 
 def _scribble(path: str, items: list[int]) -> None:
@@ -42,17 +32,17 @@ def test_a_corrupted_cache_entry_is_counted_and_the_loader_yields_the_files_true
     shutil.copytree(tiny_root, root, copy_function=shutil.copy)   # a dataset (and cache) of its own
     ds = coordl.ImageFolder(root, transform="val", size=32)
     n = len(ds)
-    truth = _batches(coordl.DataLoader(ds, batch_size=8))           # no cache: the files' pixels
+    truth = batches_of(coordl.DataLoader(ds, batch_size=8))           # no cache: the files' pixels
     path = os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint))
     loader = coordl.DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True,
                                cache=2 * ds.manifest.total_bytes)
     try:
-        first, counts = _epoch(loader)
+        first, counts = epoch_batches_counts(loader)
         assert counts["cache_inserts"] == n and counts["cache_corrupt"] == 0
         bad = [3, 17, n - 1]
         _scribble(path, bad)
         for _ in range(2):  # the second epoch: counted once, still never served
-            got, counts = _epoch(loader)
+            got, counts = epoch_batches_counts(loader)
             for (a, la), (b, lb) in zip(got, truth):
                 assert torch.equal(la, lb) and torch.equal(a, b), "the loader served corrupt bytes"
             assert len(got) == len(truth)

@@ -12,6 +12,7 @@ import coordl
 from coordl.cache import shm
 
 sys.path.insert(0, os.path.dirname(__file__))
+from coordl_tests_loaderhelp import batches_of
 from tests_resume_common import build, resume_in_fresh_process  # noqa: E402
 
 
@@ -25,10 +26,6 @@ def own_root(tiny_root, tmp_path):
     path = os.path.join(shm.SHM_DIR, shm.segment_name(ds.fingerprint))
     if os.path.exists(path):
         os.unlink(path)
-
-
-def _batches(loader):
-    return [(x.clone(), y.clone()) for x, y in loader]
 
 
 def _same(a, b) -> bool:
@@ -51,14 +48,14 @@ CONFIGS = [
 def test_interrupted_epoch_resumes_exactly_in_a_fresh_process(own_root, tmp_path, config):
     config = dict(config, root=own_root, batch_size=3, seed=5)
     reference = build(config)
-    epochs = [_batches(reference) for _ in range(3)]      # epochs 0, 1, 2 uninterrupted
+    epochs = [batches_of(reference) for _ in range(3)]      # epochs 0, 1, 2 uninterrupted
     n = len(epochs[1])
     assert n == len(reference) and n >= 4
     del reference
     states, cuts = [], [1, n // 2, n - 1]                 # interrupt at the first, middle and last batch
     for cut in cuts:
         loader = build(config)
-        _batches(loader)                                  # epoch 0 whole
+        batches_of(loader)                                  # epoch 0 whole
         it = iter(loader)
         got = [next(it) for _ in range(cut)]              # workers prefetch beyond this: not counted
         assert _same([(x.clone(), y.clone()) for x, y in got], epochs[1][:cut])
@@ -77,7 +74,7 @@ def test_interrupted_epoch_resumes_exactly_in_a_fresh_process(own_root, tmp_path
 def test_any_map_dataset_resumes_by_position_with_torchs_shuffle(tmp_path, config):
     torch.manual_seed(123)
     loader = build(config)
-    first = _batches(loader)
+    first = batches_of(loader)
     it = iter(loader)
     got = [next(it) for _ in range(3)]
     state = json.loads(json.dumps(loader.state_dict()))
@@ -93,14 +90,14 @@ def _batches_from(it):
 def test_a_finished_epoch_resumes_at_the_next(tiny_root):
     config = {"root": tiny_root, "batch_size": 8, "workers": 0}
     loader = build(config)
-    _batches(loader)
+    batches_of(loader)
     state = loader.state_dict()
     assert (state["epoch"], state["batches"]) == (1, 0)
     again = build(config)
     again.load_state_dict(state)
     ref = build(config)
-    _batches(ref)
-    assert _same(_batches(again), _batches(ref))
+    batches_of(ref)
+    assert _same(batches_of(again), batches_of(ref))
 
 
 @pytest.mark.parametrize("change,match", [

@@ -18,8 +18,9 @@ from coordl.errors import DatasetError
 from coordl.manifest import objects
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from coordl_tests_loaderhelp import batches_of  # noqa: E402
 from objstore_common import BUCKET, PREFIX, TESTS, _load, local_walk, objstore_proxy  # noqa: E402
-from test_imagefolder_s3 import _batches, _same  # noqa: E402
+from test_imagefolder_s3 import _same  # noqa: E402
 
 objservers = _load("coordl_tests_objservers", os.path.join(TESTS, "objservers.py"))
 SCHEMES = {"gs": ("gcsfs", objservers.GcsEmulator), "az": ("adlfs", objservers.Azurite)}
@@ -91,7 +92,7 @@ def test_batches_are_byte_identical_and_storage_reads_are_the_gets(store, proxy)
     local_loader = coordl.DataLoader(local, batch_size=8, shuffle=True, num_workers=2)
     proxy.reset_counts()
     for _ in range(2):
-        assert _same(_batches(remote_loader), _batches(local_loader))
+        assert _same(batches_of(remote_loader), batches_of(local_loader))
     stats = remote_loader.stats()
     assert stats["storage_reads"] == 2 * len(ds) == proxy.counts["GET"]
     assert stats["storage_bytes"] == 2 * ds.manifest.total_bytes

@@ -20,8 +20,9 @@ from coordl.cache.storage.objstore import ObjectStore
 from coordl.errors import ConfigError, DatasetError, SampleError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from coordl_tests_loaderhelp import epoch_counts  # noqa: E402
 from objstore_common import BUCKET, PREFIX, TESTS, _load, objstore_proxy  # noqa: E402
-from test_imagefolder_s3 import _epoch, killed_mid_epoch_fails_within_a_minute  # noqa: E402
+from test_imagefolder_s3 import killed_mid_epoch_fails_within_a_minute  # noqa: E402
 
 objservers = _load("coordl_tests_objservers", os.path.join(TESTS, "objservers.py"))
 SCHEMES = {"gs": ("gcsfs", objservers.GcsEmulator), "az": ("adlfs", objservers.Azurite)}
@@ -117,7 +118,7 @@ def test_object_deleted_after_listing_is_skipped_by_a_loader(store):
     store.delete(gone)
     try:
         loader = coordl.DataLoader(lenient, batch_size=8, num_workers=2)
-        counts = _epoch(loader)
+        counts = epoch_counts(loader)
         assert (counts["errors_skipped"], counts["samples"]) == (1, len(lenient) - 1)
     finally:
         store.restore(gone)

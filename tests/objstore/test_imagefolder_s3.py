@@ -18,23 +18,12 @@ from coordl.errors import DatasetError, SampleError
 from coordl.manifest import objects
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from coordl_tests_loaderhelp import batches_of, epoch_counts
 from objstore_common import BUCKET, PREFIX, local_walk, make_s3_dataset, objstore_proxy, s3server  # noqa: E402
-
-
-def _batches(loader) -> list:
-    return [(x.clone(), y.clone()) for x, y in loader]
 
 
 def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
-
-
-def _epoch(loader) -> dict[str, int]:
-    before = loader.stats()
-    for _ in loader:
-        pass
-    after = loader.stats()
-    return {k: after[k] - before[k] for k in before}
 
 
 def test_listing_matches_a_local_copy_and_keeps_no_secret(s3, tmp_path):
@@ -78,7 +67,7 @@ def test_batches_are_byte_identical_to_the_local_copy(s3):
     remote_loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2)
     local_loader = coordl.DataLoader(local, batch_size=8, shuffle=True, num_workers=2)
     for _ in range(2):
-        assert _same(_batches(remote_loader), _batches(local_loader))
+        assert _same(batches_of(remote_loader), batches_of(local_loader))
     stats = remote_loader.stats()
     assert stats["storage_reads"] == 2 * len(ds)
     assert stats["storage_bytes"] == 2 * ds.manifest.total_bytes
@@ -90,12 +79,12 @@ def test_half_size_minio_cache_saves_exactly_the_gets_it_holds(s3, proxy, droppe
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, cache=ds.manifest.total_bytes // 2)
     dropped.append(loader.dataset)
     proxy.reset_counts()
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert proxy.counts["GET"] == first["storage_reads"] == n
     held = first["cache_inserts"]
     assert 0 < held < n
     proxy.reset_counts()
-    second = _epoch(loader)
+    second = epoch_counts(loader)
     assert second["cache_hits"] == held and second["storage_reads"] == n - held
     assert proxy.counts["GET"] == n - held
 
@@ -114,11 +103,11 @@ def test_object_deleted_after_listing_names_its_url_or_is_skipped(s3):
     client.delete_object(Bucket=BUCKET, Key=f"{PREFIX}/{gone}")
     try:
         with pytest.raises(SampleError, match=rf"s3://data/train/{gone}: GET failed .*deleted"):
-            _batches(coordl.DataLoader(strict, batch_size=8, num_workers=2))
+            batches_of(coordl.DataLoader(strict, batch_size=8, num_workers=2))
         gc.collect()  # the failed loader's workers end with it (its error's traceback held it in a cycle)
         loader = coordl.DataLoader(lenient, batch_size=8, num_workers=2)
         for _ in range(2):
-            counts = _epoch(loader)
+            counts = epoch_counts(loader)
             assert (counts["errors_skipped"], counts["samples"]) == (1, len(lenient) - 1)
     finally:
         client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{gone}", Body=s3.local_bytes(gone))
@@ -130,7 +119,7 @@ def test_injected_503s_are_retried(s3, proxy):
     proxy.reset_counts()
     proxy.inject(503, 5)
     loader = coordl.DataLoader(ds, batch_size=8, num_workers=2)
-    assert _same(_batches(loader), _batches(coordl.DataLoader(local, batch_size=8)))
+    assert _same(batches_of(loader), batches_of(coordl.DataLoader(local, batch_size=8)))
     assert proxy.counts["GET"] == len(ds) + 5 and loader.stats()["storage_reads"] == len(ds)
 
 
@@ -174,15 +163,15 @@ def test_ranks_and_resume_on_s3_match_the_local_copy(s3):
     counts = []
     for r in range(2):
         remote = build(s3.url, r, 2, **opts)
-        assert _same(_batches(remote), _batches(build(s3.root, r, 2)))
+        assert _same(batches_of(remote), batches_of(build(s3.root, r, 2)))
         counts.append(remote.stats()["samples"])
     n = len(build(s3.root).dataset)
     assert counts[0] == counts[1] == -(-n // 2)  # each rank its half, padded as torch's DistributedSampler
 
     reference = build(s3.url, **opts)
-    epochs = [_batches(reference) for _ in range(2)]
+    epochs = [batches_of(reference) for _ in range(2)]
     loader = build(s3.url, **opts)
-    _batches(loader)
+    batches_of(loader)
     it = iter(loader)
     got = [(x.clone(), y.clone()) for x, y in (next(it) for _ in range(4))]
     assert _same(got, epochs[1][:4])
@@ -190,4 +179,4 @@ def test_ranks_and_resume_on_s3_match_the_local_copy(s3):
     del it, loader
     fresh = build(s3.url, **opts)
     fresh.load_state_dict(state)
-    assert _same(_batches(fresh), epochs[1][4:])
+    assert _same(batches_of(fresh), epochs[1][4:])

@@ -4,15 +4,9 @@ is read from the store (GETs counted at the proxy: 0), every item is a local or 
 
 from __future__ import annotations
 
+from coordl_tests_loaderhelp import epoch_counts
+
 import coordl
-
-
-def _epoch(loader) -> dict[str, int]:
-    before = loader.stats()
-    for _ in loader:
-        pass
-    after = loader.stats()
-    return {k: after[k] - before[k] for k in before}
 
 
 def test_partitioned_cache_over_s3_reads_nothing_from_the_store_after_epoch_one(s3, proxy, redis_nodes):
@@ -26,12 +20,12 @@ def test_partitioned_cache_over_s3_reads_nothing_from_the_store_after_epoch_one(
     n = len(loaders[0].dataset)
     share = -(-n // 2)
     proxy.reset_counts()
-    first = [_epoch(loader) for loader in loaders]
+    first = [epoch_counts(loader) for loader in loaders]
     assert [c["storage_reads"] for c in first] == [share, share]
     assert proxy.counts["GET"] == sum(c["storage_reads"] for c in first) and n <= 2 * share
     for _ in range(2):  # epochs 2 and 3: other shares (shuffled), all from the two nodes
         proxy.reset_counts()
-        later = [_epoch(loader) for loader in loaders]
+        later = [epoch_counts(loader) for loader in loaders]
         assert proxy.counts["GET"] == 0
         assert [c["storage_reads"] for c in later] == [0, 0] and [c["samples"] for c in later] == [share, share]
         assert [c["local_hits"] + c["remote_hits"] for c in later] == [share, share]

@@ -11,6 +11,7 @@ import pickle
 
 import pytest
 import torch
+from coordl_tests_loaderhelp import batches_of, counts_delta
 
 import coordl
 from coordl.epochs.sampling import EpochBatch, with_ahead
@@ -18,16 +19,8 @@ from coordl.epochs.sampling import EpochBatch, with_ahead
 B = 4  # the batch size: the 42 objects of the module's dataset make 11 batches
 
 
-def _batches(loader) -> list:
-    return [(x.clone(), y.clone()) for x, y in loader]
-
-
 def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
-
-
-def _delta(before: dict, after: dict) -> dict:
-    return {k: after[k] - before[k] for k in before}
 
 
 def _remote(s3, proxy, **options) -> coordl.ImageFolder:
@@ -110,18 +103,18 @@ def test_two_workers_get_each_item_once_per_epoch_and_the_same_batches(s3, proxy
     for _ in range(2):
         proxy.reset_counts()
         before = loader.stats()
-        got = _batches(loader)
-        counts = _delta(before, loader.stats())
+        got = batches_of(loader)
+        counts = counts_delta(before, loader.stats())
         assert proxy.counts["GET"] == n
         assert (counts["storage_reads"], counts["storage_requests"], counts["storage_retries"]) == (n, n, 0)
         assert counts["storage_bytes"] == ds.manifest.total_bytes
-        assert _same(got, _batches(off)) and _same(got, _batches(local))
+        assert _same(got, batches_of(off)) and _same(got, batches_of(local))
 
 
 def test_a_resumed_epoch_gets_only_its_rest(s3, proxy):
     ds = _remote(s3, proxy)
     loader = coordl.DataLoader(ds, batch_size=B, shuffle=True, num_workers=2)
-    full = _batches(loader)
+    full = batches_of(loader)
     loader.set_epoch(0)
     it = iter(loader)
     for _ in range(3):
@@ -132,7 +125,7 @@ def test_a_resumed_epoch_gets_only_its_rest(s3, proxy):
     again = coordl.DataLoader(_remote(s3, proxy), batch_size=B, shuffle=True, num_workers=2)
     again.load_state_dict(state)
     proxy.reset_counts()
-    rest = _batches(again)
+    rest = batches_of(again)
     assert _same(rest, full[3:])
     items = len(ds) - 3 * B
     assert proxy.counts["GET"] == again.stats()["storage_reads"] == again.stats()["storage_requests"] == items
@@ -154,8 +147,8 @@ def test_an_epoch_left_early_costs_at_most_one_batch_ahead_per_worker(s3, proxy,
     del it
     gc.collect()  # non-persistent: the workers are joined, their counts final
     middle = loader.stats()
-    got = _batches(loader)
-    counts = _delta(middle, loader.stats())
+    got = batches_of(loader)
+    counts = counts_delta(middle, loader.stats())
     total = loader.stats()
     assert len(got) == -(-n // B)
     gets = proxy.counts["GET"]
@@ -179,7 +172,7 @@ def test_half_size_minio_cache_items_are_never_read_ahead(s3, proxy, dropped):
     before = loader.stats()
     for _ in loader:
         pass
-    first = _delta(before, loader.stats())
+    first = counts_delta(before, loader.stats())
     assert proxy.counts["GET"] == first["storage_reads"] == first["storage_requests"] == n
     held = first["cache_inserts"]
     assert 0 < held < n and first["cache_hits"] + first["cache_misses"] == n
@@ -187,6 +180,6 @@ def test_half_size_minio_cache_items_are_never_read_ahead(s3, proxy, dropped):
     before = loader.stats()
     for _ in loader:
         pass
-    second = _delta(before, loader.stats())
+    second = counts_delta(before, loader.stats())
     assert (second["cache_hits"], second["cache_misses"]) == (held, n - held)  # each item looked up once
     assert proxy.counts["GET"] == second["storage_reads"] == second["storage_requests"] == n - held

@@ -23,6 +23,7 @@ from coordl.cache.storage import tarindex
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_webdataset_s3 as wds  # noqa: E402
+from coordl_tests_loaderhelp import batches_of, counts_delta
 
 N = wds.N
 shards, proxy = wds.shards, wds.proxy  # that module's fixtures: the shards on this module's moto server, a proxy
@@ -30,16 +31,8 @@ shards, proxy = wds.shards, wds.proxy  # that module's fixtures: the shards on t
 B = 4  # 40 items: 10 batches
 
 
-def _batches(loader) -> list:
-    return [(x.clone(), y.clone()) for x, y in loader]
-
-
 def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
-
-
-def _delta(before: dict, after: dict) -> dict:
-    return {k: after[k] - before[k] for k in before}
 
 
 def _remote(shards, proxy, tmp_path, **options) -> coordl.WebDataset:
@@ -58,7 +51,7 @@ def test_read_ahead_is_checked_as_imagefolder_checks_it(shards, proxy, tmp_path)
         _remote(shards, proxy, tmp_path, read_ahead="yes")
     local = coordl.WebDataset(shards.pattern, transform="val", size=24, index_cache="off", read_ahead=True)
     assert local.ranged is None  # local shards: no effect
-    assert len(_batches(coordl.DataLoader(local, batch_size=B))) == N // B
+    assert len(batches_of(coordl.DataLoader(local, batch_size=B))) == N // B
 
 
 @pytest.mark.parametrize("client, reads_ahead", [("obstore", True), ("s3fs", False)])
@@ -89,7 +82,7 @@ def test_in_one_process_the_next_batch_is_read_ahead_and_taken(shards, proxy, tm
         for _ in it:
             pass
         assert loader.dataset.ranged._ahead is None  # nothing past the epoch's end
-        counts = _delta(before, loader.stats())
+        counts = counts_delta(before, loader.stats())
         assert proxy.counts["GET"] == counts["storage_reads"] == counts["storage_requests"] == N
         assert counts["storage_bytes"] == ds.index.total_bytes
     assert _readers() <= 4  # this process's one reader pool (sources.reader_pool), whatever the epochs
@@ -115,20 +108,20 @@ def test_two_workers_get_each_item_once_per_epoch_and_the_same_batches(shards, p
     for _ in range(2):
         proxy.reset_counts()
         before = loader.stats()
-        got = _batches(loader)
-        counts = _delta(before, loader.stats())
+        got = batches_of(loader)
+        counts = counts_delta(before, loader.stats())
         gets = proxy.counts["GET"]
         proxy.reset_counts()
         before_off = off.stats()
-        want = _batches(off)
-        counts_off = _delta(before_off, off.stats())
+        want = batches_of(off)
+        counts_off = counts_delta(before_off, off.stats())
         assert counts["samples"] == N and gets == counts["storage_reads"]
         assert (counts["storage_reads"], counts["storage_bytes"]) == (counts_off["storage_reads"],
                                                                       counts_off["storage_bytes"])
         assert proxy.counts["GET"] == counts_off["storage_reads"]
         if max_gap == 0:
             assert gets == N and counts["storage_bytes"] == ds.index.total_bytes
-        assert _same(got, want) and _same(got, _batches(local))
+        assert _same(got, want) and _same(got, batches_of(local))
 
 
 @pytest.mark.parametrize("read_ahead", [False, True])
@@ -142,8 +135,8 @@ def test_storage_requests_are_the_gets_the_store_saw(shards, proxy, tmp_path, re
     for _ in range(2):
         proxy.reset_counts()
         before = loader.stats()
-        assert len(_batches(loader)) == N // B
-        counts = _delta(before, loader.stats())
+        assert len(batches_of(loader)) == N // B
+        counts = counts_delta(before, loader.stats())
         assert counts["storage_requests"] == counts["storage_reads"] == proxy.counts["GET"] > 0
         assert counts["storage_retries"] == 0
         if max_gap == 0:
@@ -160,16 +153,16 @@ def test_injected_503s_are_counted_as_requests_and_retries(shards, proxy, tmp_pa
     proxy.reset_counts()
     proxy.inject(503, 3)
     before = loader.stats()
-    got = _batches(loader)
-    counts = _delta(before, loader.stats())
+    got = batches_of(loader)
+    counts = counts_delta(before, loader.stats())
     assert counts["samples"] == N and counts["storage_retries"] == 3
     assert counts["storage_requests"] == proxy.counts["GET"] == counts["storage_reads"] + 3
     local = coordl.WebDataset(shards.pattern, transform="train", size=24, seed=3, index_cache="off")
-    assert _same(got, _batches(coordl.DataLoader(local, batch_size=B, shuffle=True)))  # retried GETs, same bytes
+    assert _same(got, batches_of(coordl.DataLoader(local, batch_size=B, shuffle=True)))  # retried GETs, same bytes
     proxy.reset_counts()
     before = loader.stats()
-    _batches(loader)
-    counts = _delta(before, loader.stats())
+    batches_of(loader)
+    counts = counts_delta(before, loader.stats())
     assert counts["storage_retries"] == 0
     assert counts["storage_requests"] == proxy.counts["GET"] == counts["storage_reads"]
 
@@ -184,7 +177,7 @@ def test_half_size_minio_cache_items_are_never_read_ahead(shards, proxy, tmp_pat
     before = loader.stats()
     for _ in loader:
         pass
-    first = _delta(before, loader.stats())
+    first = counts_delta(before, loader.stats())
     assert proxy.counts["GET"] == first["storage_reads"] == N
     held = first["cache_inserts"]
     assert 0 < held < N and first["cache_hits"] + first["cache_misses"] == N
@@ -193,7 +186,7 @@ def test_half_size_minio_cache_items_are_never_read_ahead(shards, proxy, tmp_pat
         before = loader.stats()
         for _ in loader:
             pass
-        later = _delta(before, loader.stats())
+        later = counts_delta(before, loader.stats())
         assert (later["cache_hits"], later["cache_misses"], later["samples"]) == (held, N - held, N)  # once each
         assert proxy.counts["GET"] == later["storage_reads"] == N - held
 
@@ -201,7 +194,7 @@ def test_half_size_minio_cache_items_are_never_read_ahead(shards, proxy, tmp_pat
 def test_a_resumed_epoch_gets_only_its_rest(shards, proxy, tmp_path):
     ds = _remote(shards, proxy, tmp_path)
     loader = coordl.DataLoader(ds, batch_size=B, shuffle=True, num_workers=2)
-    full = _batches(loader)
+    full = batches_of(loader)
     loader.set_epoch(0)
     it = iter(loader)
     for _ in range(3):
@@ -212,7 +205,7 @@ def test_a_resumed_epoch_gets_only_its_rest(shards, proxy, tmp_path):
     again = coordl.DataLoader(_remote(shards, proxy, tmp_path), batch_size=B, shuffle=True, num_workers=2)
     again.load_state_dict(state)
     proxy.reset_counts()
-    rest = _batches(again)
+    rest = batches_of(again)
     assert _same(rest, full[3:])
     assert proxy.counts["GET"] == again.stats()["storage_reads"] == again.stats()["storage_requests"] == N - 3 * B
 
@@ -232,8 +225,8 @@ def test_an_epoch_left_early_costs_at_most_one_batch_ahead_per_worker(shards, pr
     del it
     gc.collect()  # non-persistent: the workers are joined, their counts final
     middle = loader.stats()
-    got = _batches(loader)
-    counts = _delta(middle, loader.stats())
+    got = batches_of(loader)
+    counts = counts_delta(middle, loader.stats())
     total = loader.stats()
     assert len(got) == N // B
     gets = proxy.counts["GET"]

@@ -19,6 +19,7 @@ import coordl
 from coordl.cache.storage import tarindex
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from coordl_tests_loaderhelp import batches_of, epoch_counts
 from objstore_common import TESTS, objstore_proxy, s3server  # noqa: E402
 
 BUCKET, PREFIX = "shards", "wds"
@@ -72,18 +73,6 @@ def proxy(shards):
 
 
 
-def _batches(loader) -> list:
-    return [(x.clone(), y.clone()) for x, y in loader]
-
-
-def _epoch(loader) -> dict[str, int]:
-    before = loader.stats()
-    for _ in loader:
-        pass
-    after = loader.stats()
-    return {k: after[k] - before[k] for k in before}
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_each_sample_once_with_the_local_shards_pixels_and_labels(shards, tmp_path, workers):
     remote = coordl.WebDataset(shards.url, transform="train", size=40, seed=3, storage_options=shards.options(),
@@ -95,7 +84,7 @@ def test_each_sample_once_with_the_local_shards_pixels_and_labels(shards, tmp_pa
     a = coordl.DataLoader(remote, batch_size=8, shuffle=True, num_workers=workers)
     b = coordl.DataLoader(local, batch_size=8, shuffle=True, num_workers=workers)
     for _ in range(2):
-        got, want = _batches(a), _batches(b)
+        got, want = batches_of(a), batches_of(b)
         assert len(got) == len(want) == 5
         for (x, y), (u, v) in zip(got, want):
             assert torch.equal(x, u) and torch.equal(y, v)
@@ -139,7 +128,7 @@ def test_a_batch_of_neighbours_is_one_ranged_get_per_shard(shards, proxy):
     store = web.object_store
     gets = store.stats()["gets"]
     proxy.reset_counts()
-    stats = _epoch(loader)
+    stats = epoch_counts(loader)
     assert stats["samples"] == N and stats["storage_reads"] == 5
     assert store.stats()["gets"] - gets == proxy.counts["GET"] == 5  # 40 items, 5 GETs
     sizes, offsets = web.index.size, web.index.offset
@@ -148,7 +137,7 @@ def test_a_batch_of_neighbours_is_one_ranged_get_per_shard(shards, proxy):
     apart = coordl.WebDataset(shards.url, transform="val", size=32, max_gap=0,  # no coalescing: a GET per item
                               storage_options=shards.options(endpoint_url=proxy.url), index_cache="off")
     proxy.reset_counts()
-    stats = _epoch(coordl.DataLoader(apart, batch_size=8, shuffle=False))
+    stats = epoch_counts(coordl.DataLoader(apart, batch_size=8, shuffle=False))
     assert stats["storage_reads"] == proxy.counts["GET"] == N
     assert stats["storage_bytes"] == web.index.total_bytes
 
@@ -159,13 +148,13 @@ def test_half_size_minio_cache_saves_exactly_the_gets_it_holds(shards, proxy, dr
     loader = coordl.DataLoader(web, batch_size=8, shuffle=True, num_workers=2, cache=web.index.total_bytes // 2)
     dropped.append(loader.dataset)
     proxy.reset_counts()
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert proxy.counts["GET"] == first["storage_reads"] == N
     held = first["cache_inserts"]
     assert 0 < held < N
     for _ in range(2):
         proxy.reset_counts()
-        later = _epoch(loader)
+        later = epoch_counts(loader)
         assert later["cache_hits"] == held and later["cache_misses"] == N - held and later["samples"] == N
         assert later["storage_reads"] == proxy.counts["GET"] == N - held
 
@@ -180,11 +169,11 @@ def test_a_deleted_shard_names_its_url_and_the_key(shards, tmp_path):
         key = strict.index.key(16)
         with pytest.raises(coordl.SampleError, match=rf"s3://{BUCKET}/{PREFIX}/train-000001\.tar: sample '{key}': "
                                                      r"GET failed .*deleted") as caught:
-            _batches(coordl.DataLoader(strict, batch_size=8, num_workers=2))
+            batches_of(coordl.DataLoader(strict, batch_size=8, num_workers=2))
         assert s3server.TEST_SECRET not in str(caught.value)
         del caught
         gc.collect()  # the failed loader's workers end with it
-        counts = _epoch(coordl.DataLoader(lenient, batch_size=8, num_workers=2))
+        counts = epoch_counts(coordl.DataLoader(lenient, batch_size=8, num_workers=2))
         assert (counts["errors_skipped"], counts["samples"]) == (16, N - 16)
         with pytest.raises(coordl.DatasetError, match=rf"1 of 3 shards are not in the store \(first: "
                                                       rf"'s3://{BUCKET}/{PREFIX}/train-000001\.tar'"):

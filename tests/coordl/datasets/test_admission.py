@@ -16,17 +16,10 @@ import torch
 import coordl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from coordl_tests_loaderhelp import epoch_counts
 from test_webdataset import write_shards  # noqa: E402
 
 BROKEN = 300_000  # bytes of the file that does not decode (the issue's was 150 MB)
-
-
-def _epoch(loader) -> dict[str, int]:
-    before = loader.stats()
-    for _ in loader:
-        pass
-    after = loader.stats()
-    return {k: after[k] - before[k] for k in before}
 
 
 def _broken(path: str) -> None:
@@ -37,13 +30,13 @@ def _broken(path: str) -> None:
 
 def _check_two_epochs(loader, n: int, total: int) -> None:
     """Epoch 1 reads everything and caches all but the broken item; epoch 2 reads only it."""
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["storage_reads"] == n and first["storage_bytes"] == total
     assert first["errors_skipped"] == 1 and first["samples"] == n - 1
     assert first["cache_inserts"] == n - 1
     stats = loader.stats()
     assert stats["cache_items"] == n - 1 and stats["cache_bytes"] == total - BROKEN
-    second = _epoch(loader)
+    second = epoch_counts(loader)
     assert second["storage_reads"] == 1 and second["storage_bytes"] == BROKEN
     assert second["cache_hits"] == n - 1 and second["cache_misses"] == 1 and second["cache_inserts"] == 0
     assert second["errors_skipped"] == 1 and second["samples"] == n - 1
@@ -118,11 +111,11 @@ def test_a_broken_webdataset_member_skipped_is_not_cached(tiny_root, tmp_path, d
     n, images = len(ds), int(ds.index.size.sum())
     loader = coordl.DataLoader(ds, batch_size=8, num_workers=0, cache=images)
     dropped.append(loader.dataset)
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["errors_skipped"] == 1 and first["cache_inserts"] == n - 1
     stats = loader.stats()
     assert stats["cache_items"] == n - 1 and stats["cache_bytes"] == images - BROKEN
-    second = _epoch(loader)
+    second = epoch_counts(loader)
     assert second["storage_reads"] == 1 and second["cache_hits"] == n - 1 and second["errors_skipped"] == 1
 
 
@@ -142,10 +135,10 @@ def test_a_cut_short_wav_skipped_is_not_cached(tmp_path, dropped):
     n, total = len(ds), ds.manifest.total_bytes
     loader = coordl.DataLoader(ds, batch_size=4, num_workers=0, cache=total)
     dropped.append(loader.dataset)
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["storage_reads"] == n and first["errors_skipped"] == 1 and first["cache_inserts"] == n - 1
     assert loader.stats()["cache_bytes"] == total - BROKEN // 10
-    second = _epoch(loader)
+    second = epoch_counts(loader)
     assert second["storage_reads"] == 1 and second["storage_bytes"] == BROKEN // 10
     assert second["cache_hits"] == n - 1 and second["errors_skipped"] == 1
 

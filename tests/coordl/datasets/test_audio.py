@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+from coordl_tests_loaderhelp import batches_of, epoch_batches_counts
 
 import coordl
 from coordl.pipelines import audio
@@ -58,13 +59,6 @@ def _soundfile_window(path: str, frames_offset: int, length: int) -> np.ndarray:
     out = np.zeros(length, dtype=np.float32)
     out[:len(data)] = data.mean(axis=1, dtype=np.float32)
     return out
-
-
-def _epoch(loader) -> tuple[list, dict]:
-    before = loader.stats()
-    batches = [(x.clone(), y.clone()) for x, y in loader]
-    after = loader.stats()
-    return batches, {k: after[k] - before[k] for k in before}
 
 
 def _same(a: list, b: list) -> bool:
@@ -120,7 +114,7 @@ def test_batches_are_the_same_for_0_and_2_workers_and_counted(audio_root):
         loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers)
         epochs = []
         for _ in range(2):
-            batches, counts = _epoch(loader)
+            batches, counts = epoch_batches_counts(loader)
             assert counts["storage_reads"] == len(ds) and counts["storage_bytes"] == total
             assert counts["decodes"] == len(ds) and counts["samples"] == len(ds)
             assert counts["errors_skipped"] == 0
@@ -156,7 +150,7 @@ def test_a_corrupt_file_raises_naming_it_or_is_skipped_and_counted(audio_root, w
     gc.collect()
     loader = coordl.DataLoader(coordl.AudioFolder(audio_root, channels=1, on_error="skip"),
                                batch_size=4, num_workers=workers)
-    batches, counts = _epoch(loader)
+    batches, counts = epoch_batches_counts(loader)
     assert counts["errors_skipped"] == 1 and counts["samples"] == len(FILES)
     assert counts["decodes"] == len(FILES) + 1
     assert sum(len(y) for _, y in batches) == len(FILES)
@@ -183,7 +177,7 @@ def test_a_wav_cut_short_raises_naming_it_or_is_skipped_and_counted(audio_root, 
         gc.collect()
     loader = coordl.DataLoader(coordl.AudioFolder(audio_root, channels=1, on_error="skip"),
                                batch_size=4, num_workers=workers)
-    batches, counts = _epoch(loader)
+    batches, counts = epoch_batches_counts(loader)
     assert counts["errors_skipped"] == 2 and counts["samples"] == len(FILES)
     assert sum(len(y) for _, y in batches) == len(FILES)
 
@@ -194,15 +188,15 @@ def test_cache_serves_exactly_its_items_in_epoch_2(audio_root, dropped):
     plain = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
     loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, cache=total // 2)
     dropped.append(loader.dataset)
-    first, counts = _epoch(loader)
+    first, counts = epoch_batches_counts(loader)
     assert counts["storage_reads"] == n and counts["cache_misses"] == n and counts["cache_hits"] == 0
     state = loader.stats()
     items, cached = state["cache_items"], state["cache_bytes"]
     assert 0 < items < n and counts["cache_inserts"] == items
-    second, counts = _epoch(loader)
+    second, counts = epoch_batches_counts(loader)
     assert counts["cache_hits"] == items and counts["storage_reads"] == n - items
     assert counts["storage_bytes"] == total - cached and counts["cache_inserts"] == 0
-    assert _same(first, _epoch(plain)[0]) and _same(second, _epoch(plain)[0])  # bytes, not windows, cached
+    assert _same(first, batches_of(plain)) and _same(second, batches_of(plain))  # bytes, not windows, cached
 
 
 def test_resume_yields_exactly_the_remaining_batches(audio_root):
@@ -211,10 +205,10 @@ def test_resume_yields_exactly_the_remaining_batches(audio_root):
                                  batch_size=2, shuffle=True, num_workers=0)
 
     ref = build()
-    _epoch(ref)
-    expected = _epoch(ref)[0]
+    epoch_batches_counts(ref)
+    expected = epoch_batches_counts(ref)[0]
     loader = build()
-    _epoch(loader)
+    epoch_batches_counts(loader)
     it = iter(loader)
     head = [next(it) for _ in range(2)]
     state = json.loads(json.dumps(loader.state_dict()))
@@ -307,10 +301,10 @@ def test_partitioned_cache_serves_epoch_2_from_two_nodes(audio_root, redis_nodes
     n = len(ds)
     loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, cache=cache)
     plain = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=0)
-    first, counts = _epoch(loader)
+    first, counts = epoch_batches_counts(loader)
     assert counts["storage_reads"] == n and counts["storage_bytes"] == ds.manifest.total_bytes
-    second, counts = _epoch(loader)
+    second, counts = epoch_batches_counts(loader)
     assert counts["storage_reads"] == 0 and counts["local_hits"] + counts["remote_hits"] == n
     assert counts["local_hits"] > 0 and counts["remote_hits"] > 0
-    assert _same(first, _epoch(plain)[0]) and _same(second, _epoch(plain)[0])
+    assert _same(first, epoch_batches_counts(plain)[0]) and _same(second, epoch_batches_counts(plain)[0])
     cache.close()

@@ -24,6 +24,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
+from coordl_tests_loaderhelp import batches_of, epoch_counts
 
 import coordl
 from coordl.datasets.base import from_import_path
@@ -59,18 +60,6 @@ def example(tmp_path_factory):
 
 
 
-def _epoch(loader) -> dict[str, int]:
-    before = loader.stats()
-    for _ in loader:
-        pass
-    after = loader.stats()
-    return {k: after[k] - before[k] for k in before}
-
-
-def _batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(x.clone(), y.clone()) for x, y in loader]
-
-
 def _equal(a, b) -> bool:
     return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
 
@@ -93,7 +82,7 @@ def test_stats_count_reads_bytes_decodes_and_samples(example, workers):
     ds = example.TarImages(example.tar)
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers)
     for _ in range(2):
-        got = _epoch(loader)
+        got = epoch_counts(loader)
         assert got["storage_reads"] == N and got["storage_bytes"] == _item_bytes(ds)
         assert got["decodes"] == N and got["samples"] == N and got["errors_skipped"] == 0
     x, y = next(iter(loader))
@@ -150,12 +139,12 @@ def test_half_size_minio_cache_exact_hits_in_epoch_two_with_two_workers(example,
     total = _item_bytes(ds)
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, cache=total // 2)
     dropped.append(loader.dataset)
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["cache_misses"] == N and first["cache_hits"] == 0 and first["storage_reads"] == N
     items = loader.stats()["cache_items"]
     assert 0 < items < N and first["cache_inserts"] == items
     for _ in range(2):
-        later = _epoch(loader)
+        later = epoch_counts(loader)
         assert later["cache_hits"] == items and later["cache_misses"] == N - items
         assert later["storage_reads"] == N - items and later["cache_inserts"] == 0 and later["samples"] == N
 
@@ -164,9 +153,9 @@ def test_partitioned_cache_serves_epoch_two(example, redis_nodes):
     node = redis_nodes()
     loader = coordl.DataLoader(example.TarImages(example.tar), batch_size=8, shuffle=True, num_workers=2,
                                cache=coordl.PartitionedCache([node.url], 0))
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["storage_reads"] == N and first["samples"] == N
-    second = _epoch(loader)
+    second = epoch_counts(loader)
     assert second["storage_reads"] == 0 and second["local_hits"] + second["remote_hits"] == N
 
 
@@ -205,7 +194,7 @@ def test_resume_mid_epoch_is_exact(example):
     def build():
         return coordl.DataLoader(example.TarImages(example.tar, seed=3), batch_size=8, shuffle=True, num_workers=2)
 
-    ref = _batches(build()) + _batches(build_at(build(), 1))
+    ref = batches_of(build()) + batches_of(build_at(build(), 1))
     loader = build()
     it = iter(loader)
     for _ in range(3):
@@ -214,9 +203,9 @@ def test_resume_mid_epoch_is_exact(example):
     del it
     again = build()
     again.load_state_dict(state)
-    rest = _batches(again)
+    rest = batches_of(again)
     assert len(rest) == N // 8 - 3 and _equal(rest, ref[3:N // 8])
-    assert _equal(_batches(again), ref[N // 8:])  # and the next epoch as an uninterrupted run's
+    assert _equal(batches_of(again), ref[N // 8:])  # and the next epoch as an uninterrupted run's
     assert again.stats()["storage_reads"] == N - 3 * 8 + N  # the received batches are not read again
 
 
@@ -242,7 +231,7 @@ def test_randomness_is_per_seed_epoch_item_whatever_the_workers(example):
     runs = {}
     for workers in (0, 2):
         loader = coordl.DataLoader(ds, batch_size=8, shuffle=False, num_workers=workers)
-        runs[workers] = [_batches(loader) for _ in range(2)]
+        runs[workers] = [batches_of(loader) for _ in range(2)]
     assert _equal(runs[0][0], runs[2][0]) and _equal(runs[0][1], runs[2][1])
     epoch0, epoch1 = (torch.cat([x for x, _ in run]) for run in runs[0])
     flipped = [not torch.equal(a, b) for a, b in zip(epoch0, epoch1)]
@@ -326,7 +315,7 @@ def test_coordl_serve_dataset_serves_the_user_class_to_a_job(example, sockdir):
         local = coordl.DataLoader(ds, batch_size=8, shuffle=True)
         job = coordl.DataLoader(ds, batch_size=8, shuffle=True, coordinator=address)
         for _ in range(2):  # the daemon's batches are the local loader's, epoch for epoch
-            assert _equal(_batches(job), _batches(local))
+            assert _equal(batches_of(job), batches_of(local))
         st = status(address[len("unix://"):])
         assert st["transform"] == "contract_example:TarImages" and st["items"] == N
         assert 2 * N <= st["decodes"] <= 3 * N  # two epochs, and what the ring holds ahead (8 slots of 8)
@@ -410,7 +399,7 @@ def test_read_many_gets_one_call_per_batch_with_its_items_and_counts_exact(examp
     ds = _batched(example, log)(example.tar)
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers)
     for epoch in range(2):
-        got = _epoch(loader)
+        got = epoch_counts(loader)
         calls = _calls(log)
         assert sorted(map(sorted, calls)) == sorted(map(sorted, _chunks(loader.epoch_indices(epoch), 8)))
         assert all(len(c) == len(set(c)) == 8 for c in calls)  # each batch's items once, in one call
@@ -424,13 +413,13 @@ def test_read_many_with_a_half_size_minio_cache_gets_only_the_uncached_items(exa
     total = _item_bytes(ds)
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, cache=total // 2)
     dropped.append(loader.dataset)
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert len(_calls(log)) == N // 8 and first["storage_reads"] == N
     cache = loader.dataset.cache
     cached = {i for i in range(N) if cache.get(i) is not None}
     assert 0 < len(cached) < N and loader.stats()["cache_items"] == len(cached)
     for epoch in (1, 2):
-        got = _epoch(loader)
+        got = epoch_counts(loader)
         calls = [set(c) for c in _calls(log)]
         batches = [b - cached for b in _chunks(loader.epoch_indices(epoch), 8)]
         assert sorted(map(sorted, calls)) == sorted(sorted(b) for b in batches if b)  # one call per batch with

@@ -19,6 +19,7 @@ import warnings
 import psutil
 import pytest
 import torch
+from coordl_tests_loaderhelp import batches_of, epoch_counts
 
 import coordl
 from coordl.cache.storage import tarindex
@@ -59,18 +60,6 @@ def shards(tiny_root, tmp_path):
 
 
 
-def _batches(loader):
-    return [(x.clone(), y.clone()) for x, y in loader]
-
-
-def _epoch(loader) -> dict[str, int]:
-    before = loader.stats()
-    for _ in loader:
-        pass
-    after = loader.stats()
-    return {k: after[k] - before[k] for k in before}
-
-
 def test_brace_patterns_expand_as_webdataset(shards, tmp_path):
     pattern, paths = shards
     ds = coordl.WebDataset(pattern, transform="val", size=32)
@@ -94,7 +83,7 @@ def test_batches_equal_the_imagefolder_of_the_same_jpegs(tiny_root, shards, tran
     a = coordl.DataLoader(web, batch_size=8, shuffle=True, num_workers=workers)
     b = coordl.DataLoader(folder, batch_size=8, shuffle=True, num_workers=workers)
     for _ in range(2):  # two epochs: each item once, same pixels, labels and order
-        got, want = _batches(a), _batches(b)
+        got, want = batches_of(a), batches_of(b)
         assert len(got) == len(want) == 5
         for (x, y), (u, v) in zip(got, want):
             assert torch.equal(x, u) and torch.equal(y, v)
@@ -129,13 +118,13 @@ def test_the_index_is_built_once_and_persisted(shards, tmp_path):
 def test_a_batch_of_neighbours_is_one_read_per_shard(shards):
     web = coordl.WebDataset(shards[0], transform="val", size=32)
     loader = coordl.DataLoader(web, batch_size=8, shuffle=False)  # batches 0-7, 8-15 | 16-23, 24-31 | 32-39
-    stats = _epoch(loader)
+    stats = epoch_counts(loader)
     assert stats["storage_reads"] == 5 and stats["samples"] == 40
     sizes, offsets = web.index.size, web.index.offset
     expected = sum(int(offsets[k + 7] + sizes[k + 7] - offsets[k]) for k in range(0, 40, 8))
     assert stats["storage_bytes"] == expected
     straddling = coordl.DataLoader(web, batch_size=20, shuffle=False)  # 0-19 spans shards 0 and 1
-    assert _epoch(straddling)["storage_reads"] == 2 + 2
+    assert epoch_counts(straddling)["storage_reads"] == 2 + 2
 
 
 def test_half_size_minio_cache_exact_hits_in_epoch_two(shards, dropped):
@@ -144,13 +133,13 @@ def test_half_size_minio_cache_exact_hits_in_epoch_two(shards, dropped):
     n, total = len(web), web.index.total_bytes
     loader = coordl.DataLoader(web, batch_size=8, shuffle=True, num_workers=2, cache=total // 2)
     dropped.append(loader.dataset)
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["cache_misses"] == n and first["cache_hits"] == 0
     state = loader.stats()
     items = state["cache_items"]
     assert 0 < state["cache_bytes"] <= total // 2 and first["cache_inserts"] == items
     for _ in range(2):
-        later = _epoch(loader)
+        later = epoch_counts(loader)
         assert later["cache_hits"] == items and later["cache_misses"] == n - items
         assert later["cache_inserts"] == 0 and later["samples"] == n
         assert 0 < later["storage_reads"] <= n - items
@@ -173,7 +162,7 @@ def test_resume_yields_the_remaining_batches(shards):
         return coordl.DataLoader(coordl.WebDataset(shards[0], transform="train", size=32, seed=2), batch_size=8,
                                  shuffle=True)
 
-    ref = _batches(build())
+    ref = batches_of(build())
     loader = build()
     it = iter(loader)
     next(it)
@@ -182,7 +171,7 @@ def test_resume_yields_the_remaining_batches(shards):
     del it
     again = build()
     again.load_state_dict(state)
-    rest = _batches(again)
+    rest = batches_of(again)
     assert len(rest) == 3
     for (x, y), (u, v) in zip(rest, ref[2:]):
         assert torch.equal(x, u) and torch.equal(y, v)
@@ -193,9 +182,9 @@ def test_a_missing_label_member_names_shard_and_key(tiny_root, tmp_path):
     web = coordl.WebDataset(pattern, transform="val", size=32)
     key = web.index.key(20)
     with pytest.raises(coordl.SampleError, match=rf"train-000001\.tar: sample '{key}' has no label member"):
-        _epoch(coordl.DataLoader(web, batch_size=8))
+        epoch_counts(coordl.DataLoader(web, batch_size=8))
     skip = coordl.DataLoader(coordl.WebDataset(pattern, transform="val", size=32, on_error="skip"), batch_size=8)
-    stats = _epoch(skip)
+    stats = epoch_counts(skip)
     assert stats["errors_skipped"] == 1 and stats["samples"] == 39
 
 
@@ -203,9 +192,9 @@ def test_a_corrupt_image_member_names_shard_and_key(tiny_root, tmp_path):
     pattern, _ = write_shards(tiny_root, str(tmp_path / "s"), replace={3: b"not a jpeg" * 50})
     web = coordl.WebDataset(pattern, transform="train", size=32)
     with pytest.raises(coordl.SampleError, match=rf"train-000000\.tar: sample '{web.index.key(3)}'"):
-        _epoch(coordl.DataLoader(web, batch_size=8, num_workers=2))
+        epoch_counts(coordl.DataLoader(web, batch_size=8, num_workers=2))
     skip = coordl.WebDataset(pattern, transform="train", size=32, on_error="skip")
-    stats = _epoch(coordl.DataLoader(skip, batch_size=8, num_workers=2))
+    stats = epoch_counts(coordl.DataLoader(skip, batch_size=8, num_workers=2))
     assert stats["errors_skipped"] == 1 and stats["samples"] == 39
 
 
@@ -253,7 +242,7 @@ def test_a_truncated_shard_names_shard_and_key(shards):
         web = coordl.WebDataset(pattern, transform="val", size=32, on_error="skip")
     assert any("train-000002.tar" in str(w.message) for w in caught)
     assert web.damaged_shards == [paths[2]] and len(web) == 38   # samples 0-5 of the last shard
-    stats = _epoch(coordl.DataLoader(web, batch_size=8))
+    stats = epoch_counts(coordl.DataLoader(web, batch_size=8))
     assert stats["errors_skipped"] == 1 and stats["samples"] == 37  # sample 5 ends past the cut
     got = web.read_many([30, 37])  # the contract's read_many: bytes, or the error naming shard and key
     assert isinstance(got[30], bytes) and isinstance(got[37], coordl.SampleError)
@@ -275,9 +264,9 @@ def test_partitioned_cache_serves_epoch_two(shards, redis_nodes):
     web = coordl.WebDataset(shards[0], transform="val", size=32)
     loader = coordl.DataLoader(web, batch_size=8, shuffle=True, num_workers=2,
                                cache=coordl.PartitionedCache([node.url], 0))
-    first = _epoch(loader)
+    first = epoch_counts(loader)
     assert first["samples"] == 40 and 0 < first["storage_reads"] <= 40
-    second = _epoch(loader)
+    second = epoch_counts(loader)
     assert second["storage_reads"] == 0 and second["samples"] == 40
     assert second["local_hits"] + second["remote_hits"] == 40
 
@@ -287,7 +276,7 @@ def _mgets(node) -> int:
 
 
 def test_partitioned_read_ahead_gives_the_same_batches_with_the_same_mgets(shards, redis_nodes):
-    """As ImageFolder's (tests/cache/test_partitioned_ahead.py): with the cache's read_ahead on, each
+    """As ImageFolder's (tests/cache/partitioned/test_partitioned_ahead.py): with the cache's read_ahead on, each
     worker's next batch's MGETs go out while it prepares this one, and are read, not sent again;
     the batches and the MGETs per node and epoch are those with it off."""
     nodes = [redis_nodes() for _ in range(3)]
@@ -301,7 +290,7 @@ def test_partitioned_read_ahead_gives_the_same_batches_with_the_same_mgets(shard
         got = []
         for epoch in range(3):
             before = [_mgets(n) for n in nodes]
-            got.append(_batches(loader))
+            got.append(batches_of(loader))
             if epoch:  # every item cached: MGETs only
                 got[-1].append([_mgets(n) - b for n, b in zip(nodes, before)])
         st = loader.stats()
@@ -327,7 +316,7 @@ def test_device_prep_gives_imagefolders_device_batches_from_shards(tiny_root, sh
                             shuffle=True, num_workers=1, device="cpu", decoder="cpu")
     folder = coordl.DataLoader(coordl.ImageFolder(tiny_root, transform="train", size=48, seed=7), batch_size=8,
                                shuffle=True, num_workers=1, device="cpu", decoder="cpu")
-    got, want = _batches(web), _batches(folder)
+    got, want = batches_of(web), batches_of(folder)
     assert len(got) == len(want) == 5
     for (x, y), (u, v) in zip(got, want):
         assert torch.equal(x, u) and torch.equal(y, v)

@@ -93,7 +93,7 @@ def test_second_opener_of_the_same_capacity_attaches_by_fingerprint(new_cache):
     assert second.get(2) == b"shared"
     assert [n for n in os.listdir(shm.SHM_DIR) if n == first.name] == [first.name]
     with pytest.raises(CacheError, match="4096"):   # another capacity: never silently this one
-        MinIOCache(10**9).open(fp, 3)               # (tests/cache/test_minio_capacity.py)
+        MinIOCache(10**9).open(fp, 3)               # (tests/cache/minio/test_minio_capacity.py)
 
 
 def test_two_datasets_never_see_each_others_entries(new_cache):

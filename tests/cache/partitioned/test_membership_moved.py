@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+from coordl_tests_loaderhelp import counts_delta
 
 import coordl
 from coordl.cache.partitioned import membership, redisnode
@@ -144,27 +145,27 @@ def jpeg_root(tmp_path_factory) -> str:
     return root
 
 
-def _epoch(ds, cache=None) -> tuple[list[np.ndarray], dict]:
+def _images_and_counts(ds, cache=None) -> tuple[list[np.ndarray], dict]:
     loader = coordl.DataLoader(ds, batch_size=8, shuffle=False, num_workers=2, cache=cache)
     before = loader.stats()
     images = [x.numpy().copy() for x, _ in loader]
     after = loader.stats()
-    return images, {k: after[k] - before.get(k, 0) for k in ("storage_reads", "moved_hits", "cache_inserts",
-                                                               "local_hits", "remote_hits", "remote_errors")}
+    return images, counts_delta(before, after, ("storage_reads", "moved_hits", "cache_inserts", "local_hits",
+                                                "remote_hits", "remote_errors"))
 
 
 def test_loader_epoch_after_adding_a_node_reads_nothing_from_storage(redis_nodes, jpeg_root):
     nodes = [redis_nodes() for _ in range(3)]
     urls = [n.url for n in nodes]
     ds = coordl.ImageFolder(jpeg_root, transform="val", size=32)
-    want, st = _epoch(ds)                                  # the local dataset, no cache
+    want, st = _images_and_counts(ds)                                  # the local dataset, no cache
     assert st["storage_reads"] == ITEMS
     two = PartitionedCache(urls[:2], 0, timeout=5.0)
-    got, st = _epoch(ds, two)                              # fills the 2 nodes
+    got, st = _images_and_counts(ds, two)                              # fills the 2 nodes
     assert st["storage_reads"] == ITEMS and st["cache_inserts"] == ITEMS
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
     three = PartitionedCache(urls, 0, timeout=5.0, membership="update")
-    got, st = _epoch(ds, three)
+    got, st = _images_and_counts(ds, three)
     moved = sum(1 for i in range(ITEMS) if three.owner(i) == 2)
     assert moved > 0
     assert st["storage_reads"] == 0 and st["remote_errors"] == 0, st      # every moved item from its old owner
@@ -172,7 +173,7 @@ def test_loader_epoch_after_adding_a_node_reads_nothing_from_storage(redis_nodes
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
     assert nodes[2].client().hget(three.meta_key, "items") == str(moved).encode()
     before = _mgets(nodes[2])
-    got, st = _epoch(ds, three)                            # then read on the new node
+    got, st = _images_and_counts(ds, three)                            # then read on the new node
     assert (st["storage_reads"], st["moved_hits"], st["cache_inserts"]) == (0, 0, 0), st
     assert st["local_hits"] + st["remote_hits"] == ITEMS
     batches = sum(1 for b in range(0, ITEMS, 8) if any(three.owner(i) == 2 for i in range(b, b + 8)))

@@ -10,6 +10,7 @@ import socket
 
 import numpy as np
 import pytest
+from coordl_tests_loaderhelp import counts_delta
 
 import coordl
 from coordl.loader.partitioned import PartitionedCache
@@ -27,7 +28,7 @@ def _files(ds) -> dict[int, np.ndarray]:
     return out
 
 
-def _epoch(loader, want) -> None:
+def _check_epoch(loader, want) -> None:
     """One epoch (shuffle=False: batch b holds items b*BATCH...), each row equal to its file."""
     seen = 0
     for b, (images, _labels) in enumerate(loader):
@@ -43,8 +44,7 @@ def _loader(ds, cache, workers: int = 0, **kw):
                              persistent_workers=workers > 0, cache=cache, **kw)
 
 
-def _delta(after, before) -> dict[str, int]:
-    return {k: after[k] - before[k] for k in ("storage_reads", "local_hits", "remote_hits", "remote_errors")}
+_COUNTS = ("storage_reads", "local_hits", "remote_hits", "remote_errors")
 
 
 def test_a_value_copied_from_another_dataset_is_read_from_storage(redis_nodes, tiny_root, photo_root):
@@ -57,14 +57,14 @@ def test_a_value_copied_from_another_dataset_is_read_from_storage(redis_nodes, t
         theirs.put(i, raw)
     cache = PartitionedCache([node.url], 0)
     loader = _loader(ds, cache)
-    _epoch(loader, want)                                     # fills this dataset's values
+    _check_epoch(loader, want)                                     # fills this dataset's values
     r = node.client()
     copied = range(len(other))
     for i in copied:                                         # the other dataset's value for item i
         r.set(cache.key(i), r.get(theirs.key(i)))
     before = loader.stats()
-    _epoch(loader, want)
-    got = _delta(loader.stats(), before)
+    _check_epoch(loader, want)
+    got = counts_delta(before, loader.stats(), _COUNTS)
     assert got == {"storage_reads": len(copied), "local_hits": len(ds) - len(copied), "remote_hits": 0,
                    "remote_errors": len(copied)}
     cache.close()
@@ -82,12 +82,12 @@ def test_a_node_made_a_read_only_replica_mid_run(redis_nodes, tiny_root, workers
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
     nodes[1].client().execute_command("REPLICAOF", "127.0.0.1", str(dead))   # "can't write against a replica"
-    _epoch(loader, want)
+    _check_epoch(loader, want)
     stats = loader.stats()
     assert stats["node_faults"] >= 1 and stats["nodes_down"] == 1
     assert stats["storage_reads"] == len(ds)
     assert nodes[1].client().dbsize() == 1  # the node list record (coordl:members) only
-    _epoch(loader, want)                                     # node 0's share from memory, node 1 skipped
+    _check_epoch(loader, want)                                     # node 0's share from memory, node 1 skipped
     del loader
     cache.close()
 
@@ -104,7 +104,7 @@ def test_a_poisoned_meta_hash(redis_nodes, tiny_root, poison):
         r.hset(cache.meta_key, "bytes", "lots")
     else:
         r.set(cache.meta_key, "a string")
-    _epoch(loader, want)
+    _check_epoch(loader, want)
     stats = loader.stats()
     assert stats["node_faults"] == 1 and stats["nodes_down"] == 1 and stats["storage_reads"] == len(ds)
     # nothing written beside the poisoned key and coordl:members
@@ -118,14 +118,14 @@ def test_a_node_restarted_with_allkeys_lru_between_epochs(redis_nodes, tiny_root
     want = _files(ds)
     cache = PartitionedCache([n.url for n in nodes], 0, retry_after=3600.0)
     loader = _loader(ds, cache)
-    _epoch(loader, want)
+    _check_epoch(loader, want)
     on_1 = sum(cache.owner(i) == 1 for i in range(len(ds)))
     nodes[1].stop()
     nodes[1].start()
     nodes[1].client().config_set("maxmemory-policy", "allkeys-lru")
     before = loader.stats()
-    _epoch(loader, want)
-    got = _delta(loader.stats(), before)
+    _check_epoch(loader, want)
+    got = counts_delta(before, loader.stats(), _COUNTS)
     assert got == {"storage_reads": on_1, "local_hits": len(ds) - on_1, "remote_hits": 0, "remote_errors": 1}
     # restarted: empty, and nothing written since
     assert loader.stats()["nodes_down"] == 1 and nodes[1].client().dbsize() == 0
@@ -140,7 +140,7 @@ def test_nodes_down_counts_what_worker_processes_saw(redis_nodes, tiny_root, sta
     cache = PartitionedCache([n.url for n in nodes], 1, retry_after=3600.0)
     loader = _loader(ds, cache, workers=2, multiprocessing_context=start)
     nodes[0].stop()
-    _epoch(loader, want)
+    _check_epoch(loader, want)
     stats = loader.stats()
     assert stats["nodes_down"] == 1 and stats["node_faults"] >= 1 and stats["remote_errors"] >= 1
     assert stats["storage_reads"] == len(ds)
