@@ -33,18 +33,22 @@ def _modules(root: pathlib.Path = ROOT) -> dict[str, tuple[pathlib.Path, bool]]:
     return mods
 
 
+def _source(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(mod: str, path: pathlib.Path, is_pkg: bool, known: set[str]) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                base = base[: len(base) - node.level + 1]
-                pkg = ".".join(base + ([node.module] if node.module else []))
-            else:
-                pkg = node.module or ""
+            pkg = _source(mod, is_pkg, node)
             targets = [f"{pkg}.{a.name}" if f"{pkg}.{a.name}" in known else pkg for a in node.names]
         else:
             continue
@@ -164,6 +168,23 @@ def test_a_cycle_between_rooms_is_found(tmp_path):
     assert _crossings(g, ["coordl.datasets", "coordl.loader"]) == [
         "coordl.datasets.base -> coordl.loader.binding", "coordl.loader.dataloader -> coordl.datasets.base"]
     assert room_graph(g)["coordl.cache.minio"] == {"coordl.cache.shm"}  # cache/'s rooms are rooms
+
+
+def test_no_private_name_is_imported_across_rooms():
+    """A room's private names (`_NO_COUNTERS`, `_epoch_of`) stay in it: another room imports public ones."""
+    mods, bad = _modules(), []
+    for mod, (path, is_pkg) in mods.items():
+        if path.suffix != ".py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                src = _source(mod, is_pkg, node)
+                for a in node.names:
+                    target = f"{src}.{a.name}" if f"{src}.{a.name}" in mods else src
+                    if (target in mods and room(target) != room(mod) and a.name.startswith("_")
+                            and not a.name.startswith("__")):
+                        bad.append(f"{mod}: from {src} import {a.name}")
+    assert bad == []
 
 
 def test_cache_and_pipelines_import_only_the_error_tree_of_coordl():

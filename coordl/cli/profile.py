@@ -183,7 +183,7 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
     import torch
 
     import coordl
-    from coordl.profiler import models, profile
+    from coordl.profiler import networks, profile
     if plot_out:
         try:
             import matplotlib  # noqa: F401
@@ -200,11 +200,11 @@ def profile_cmd(data, model_name, train_step, batch_size, workers, steps, cache_
     if train_step:
         step, label = _train_step_from(train_step), train_step
     else:
-        label = model_name or models.DEFAULT_MODEL
+        label = model_name or networks.DEFAULT_MODEL
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is "
                               "False): pass --device cpu, or run on a machine with a GPU")
-        step = models.train_step_for(models.build(label, len(ds.classes)), device)
+        step = networks.train_step_for(networks.build(label, len(ds.classes)), device)
     if steps is None:
         from coordl.profiler.run import DEFAULT_STEPS, fit_steps, fitted_steps_line
 

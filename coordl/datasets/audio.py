@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from coordl import names
 from coordl.batch import PreparedBatch
 from coordl.buffers import new_shared
 from coordl.cache.storage import localfile, readers
 from coordl.datasets import admission
-from coordl.datasets.imagefolder import _NO_COUNTERS, _ON_ERROR, CoordlDataset, _epoch_of
+from coordl.datasets.base import CoordlDataset, epoch_of
 from coordl.errors import ConfigError, SampleError
 from coordl.manifest.build import scan
 from coordl.pipelines import audio
@@ -51,7 +52,7 @@ def _check(sample_rate: Any, seconds: Any, transform: Any, channels: Any, on_err
     if channels is not None and not (type(channels) is int and channels > 0):
         raise ConfigError(f"channels={channels!r} must be None (each file's own), 1 (mix down) or a "
                           "positive int (a mono file is repeated)")
-    if on_error not in _ON_ERROR:
+    if on_error not in names.ON_ERROR:
         raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
 
 
@@ -99,13 +100,8 @@ class AudioFolder(CoordlDataset):
         self.classes = list(self.manifest.classes)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.epoch = 0
-        # What a loader's bound copy (`bind`) replaces; the user's object keeps these defaults.
-        self.counters: Any = _NO_COUNTERS
-        self.cache: Any = None
-        self.batch_slots = 0
-        self._buffers: Any = None
-        self.drop_page_cache = False
-        self.coordinator: Any = None
+        # counters, cache, drop_page_cache, batch_slots and coordinator are the loader's: a bound
+        # copy reads them from its binding (CoordlDataset, coordl/datasets/binding.py); nothing here sets them
 
     @property
     def fingerprint(self) -> str:
@@ -161,7 +157,7 @@ class AudioFolder(CoordlDataset):
 
     def __getitems__(self, indices: Sequence[int]) -> PreparedBatch:
         """One batch: waveforms (B, channels, samples) float32 and labels, bad items skipped or raised."""
-        epoch = _epoch_of(indices, self.epoch)
+        epoch = epoch_of(indices, self.epoch)
         cache = self.cache
         hits = cache.get_many([int(i) for i in indices], self.counters) if hasattr(cache, "get_many") else None
         rows: list[np.ndarray] = []

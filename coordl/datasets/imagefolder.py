@@ -38,16 +38,10 @@ from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache.storage import localfile, readers
 from coordl.datasets import admission, sources
 from coordl.datasets.base import CoordlDataset, cached, epoch_of
-from coordl.datasets.binding import NO_COUNTERS, NoCounters
 from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
 from coordl.errors import ConfigError, SampleError, at_item
 from coordl.manifest.build import IMG_EXTENSIONS, scan
 from coordl.pipelines import batchprep, cpu, crop
-
-_TRANSFORMS, _ON_ERROR = names.TRANSFORMS, names.ON_ERROR  # (coordl/names.py)
-
-
-_NoCounters, _NO_COUNTERS = NoCounters, NO_COUNTERS  # (coordl/datasets/binding.py)
 
 
 def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futures.Future]:
@@ -65,9 +59,9 @@ def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futur
 def check_pipeline_args(transform: Any, size: Any, on_error: Any) -> int | tuple[int, int]:
     """The image pipeline's arguments, shared by ImageFolder and WebDataset: ConfigError naming a
     bad one; the size as `_check_size` normalises it."""
-    if isinstance(transform, str) and transform not in _TRANSFORMS:
+    if isinstance(transform, str) and transform not in names.TRANSFORMS:
         raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
-    if on_error not in _ON_ERROR:
+    if on_error not in names.ON_ERROR:
         raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
     return _check_size(size)
 
@@ -85,8 +79,6 @@ def _check_size(size: Any) -> int | tuple[int, int]:
     raise ConfigError(f"size={size!r} must be a positive int (height = width) or (height, width) of "
                       "two positive ints, as torchvision takes it: e.g. size=224 or size=(224, 160)")
 
-
-_epoch_of = epoch_of  # (coordl/datasets/base.py, as CoordlDataset and its binding properties)
 
 
 class ImageFolder(CoordlDataset):
@@ -219,7 +211,7 @@ class ImageFolder(CoordlDataset):
     def prep(self, raw, i: int, epoch: int | None = None, out: np.ndarray | None = None):
         """Decode and augment item i's bytes: (uint8 tensor (3, h, w), label)."""
         epoch = self.epoch if epoch is None else epoch
-        if self.transform in _TRANSFORMS:
+        if self.transform in names.TRANSFORMS:
             return torch.from_numpy(self.prep_into(raw, i, epoch, out)).permute(2, 0, 1), self._target(i)
         self.counters.add(decodes=1)
         try:
@@ -268,8 +260,8 @@ class ImageFolder(CoordlDataset):
         """One batch; a `PreparedBatch` for "train"/"val", else a list of samples."""
         if self.coordinator is not None:  # a loader a framework re-created from loader.dataset
             return self.coordinator.framework_batch(indices)  # (coordinator/client.py)
-        epoch = _epoch_of(indices, self.epoch)
-        if self.transform not in _TRANSFORMS:
+        epoch = epoch_of(indices, self.epoch)
+        if self.transform not in names.TRANSFORMS:
             out = []
             for i in indices:
                 sample = self._try(lambda i=i: self._fetch_prep(i, epoch))

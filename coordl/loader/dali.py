@@ -35,7 +35,7 @@ import torch
 
 from coordl.batch import Batch, collate
 from coordl.datasets import daliflow
-from coordl.datasets.imagefolder import CoordlDataset
+from coordl.datasets.base import CoordlDataset
 from coordl.errors import ConfigError
 from coordl.pipelines import dali
 from coordl.pipelines.dali import gpu_count  # noqa: F401 (coordl.loader.dali.gpu_count, as before)

@@ -5,8 +5,9 @@
     print(result.rates, result.fetch_stall_pct, result.prep_stall_pct)
     result.plot("profile.png")
 
-model.py is the pure model (stall decomposition, what-if predictions), measure.py the timed
-runs, run.py puts them together, result.py / report.py hold and show the answer.
+stallmodel.py is the pure model (stall decomposition, what-if predictions), measure.py the timed
+runs, run.py puts them together, result.py / report.py hold and show the answer; networks.py
+builds the networks `coordl profile --model` trains.
 """
 
 from .measure import TrainStepError

@@ -1,14 +1,14 @@
 """The profile's verdict and advice, and the notes that explain what looks contradictory. Pure.
 
 Planning, not measuring: every number here comes from the measured stall split
-(model.decompose) or from the what-if model (model.predict and friends), so
+(stallmodel.decompose) or from the what-if model (stallmodel.predict and friends), so
 the advice moves with the measurements and is tested on synthetic inputs.
 
 - `verdict`: which stall dominates the profiled run's epoch: ``fetch``
   (storage), ``prep`` (decode and augmentation) or ``none`` (GPU- or
   model-bound). A stall under STALL_FLOOR percent of the epoch is none.
 - `advise`: what to change, each with the model's predicted rate: a cache size
-  (model.smallest_cache), a number of workers (model.fewest_workers) or cores
+  (stallmodel.smallest_cache), a number of workers (stallmodel.fewest_workers) or cores
   (the CPU term at the ingestion rate), decode on the GPU (DALI) when prep binds,
   the coordinator (``coordl serve``) for k jobs on the same dataset
   (`predict_jobs`), or fewer workers when nothing stalls.
@@ -23,7 +23,7 @@ import math
 
 from coordl.cache.sizes import fmt_mib
 
-from . import model
+from . import stallmodel
 
 STALL_FLOOR = 10.0   # % of the epoch: a smaller stall is noise on a short profile, "none"
 CHECK_TOLERANCE = 0.15  # a model check further off than this gets a note
@@ -84,16 +84,16 @@ def validation_notes(validation: list[dict], steps: int, repeats: int) -> list[s
     return out
 
 
-def cpu_per_sample(inp: model.Inputs, cache_fraction: float, workers: int) -> float:
+def cpu_per_sample(inp: stallmodel.Inputs, cache_fraction: float, workers: int) -> float:
     """CPU seconds one sample costs, train step, loader and its cold read together (the model's CPU term)."""
     return inp.train_cpu + inp.at(inp.prep_cpu, workers) + (1.0 - cache_fraction) * inp.fetch_cpu
 
 
-def predict_jobs(inp: model.Inputs, cache_fraction: float, workers: int, jobs: int, shared: bool) -> float:
+def predict_jobs(inp: stallmodel.Inputs, cache_fraction: float, workers: int, jobs: int, shared: bool) -> float:
     """Predicted samples/s of each of `jobs` jobs training on this dataset at once on this machine:
     each with its own loader (`shared` False: k loaders share the cores and the storage) or fed by
     the coordinator (True: each batch fetched and prepared once for all k)."""
-    lim = model.limits(inp, cache_fraction, workers)
+    lim = stallmodel.limits(inp, cache_fraction, workers)
     miss = 1.0 - cache_fraction
     prep = inp.at(inp.prep_cpu, workers) + miss * inp.fetch_cpu
     cpu_per_round = jobs * inp.train_cpu + (prep if shared else jobs * prep)
@@ -102,26 +102,27 @@ def predict_jobs(inp: model.Inputs, cache_fraction: float, workers: int, jobs: i
     return min(lim.ingestion, lim.workers, storage, cpu)
 
 
-def advise(inp: model.Inputs, stall: str, workers: int, cache_fraction: float, dataset_bytes: int,
+def advise(inp: stallmodel.Inputs, stall: str, workers: int, cache_fraction: float, dataset_bytes: int,
            device: str, max_workers: int) -> list[dict]:
     """What to change, most useful first: ``{"action", "text", "predicted", ...}`` per item."""
-    now = model.predict(inp, cache_fraction, workers)
+    now = stallmodel.predict(inp, cache_fraction, workers)
     out: list[dict] = []
     if stall == "fetch":
         out += _cache_advice(inp, workers, cache_fraction, dataset_bytes, now)
     x = max(cache_fraction, out[0]["cache_fraction"]) if out else cache_fraction
     if stall in ("fetch", "prep"):
-        out += _worker_advice(inp, workers, x, max_workers, model.predict(inp, x, workers))
+        out += _worker_advice(inp, workers, x, max_workers, stallmodel.predict(inp, x, workers))
         if stall == "prep":
             out.append(_dali_advice(inp, workers, x, device))
         out += _coordinator_advice(inp, workers, x)
     else:
-        fewest = model.fewest_workers(inp, cache_fraction, max_workers)
+        fewest = stallmodel.fewest_workers(inp, cache_fraction, max_workers)
         if fewest is not None and fewest < workers:
-            out.append({"action": "workers", "workers": fewest, "predicted": model.predict(inp, cache_fraction, fewest),
+            predicted = stallmodel.predict(inp, cache_fraction, fewest)
+            out.append({"action": "workers", "workers": fewest, "predicted": predicted,
                         "short": f"{fewest} workers suffice",
                         "text": f"{fewest} worker{'s' if fewest > 1 else ''} would keep up (predicted "
-                                f"{model.predict(inp, cache_fraction, fewest):.0f}/s, as now): the other "
+                                f"{predicted:.0f}/s, as now): the other "
                                 f"{workers - fewest} only take cores and memory"})
         out.append({"action": "none", "predicted": now, "short": "a faster model step",
                     "text": "no cache or worker change helps: a faster model step (a bigger GPU, mixed "
@@ -130,36 +131,36 @@ def advise(inp: model.Inputs, stall: str, workers: int, cache_fraction: float, d
 
 
 def _cache_advice(inp, workers, x0, dataset_bytes, now) -> list[dict]:
-    x = model.smallest_cache(inp, workers)
+    x = stallmodel.smallest_cache(inp, workers)
     if x <= x0:
         return []
     size = x * dataset_bytes
-    pred = model.predict(inp, x, workers)
+    pred = stallmodel.predict(inp, x, workers)
     return [{"action": "cache", "cache_fraction": x, "cache_bytes": round(size), "predicted": pred,
              "short": f"cache {_size(size, flag=True)} ({pred:.0f}/s)",
              "text": f"a cache of {_size(size)} ({x:.0%} of the dataset; --cache {_size(size, flag=True)}, "
                      f"DataLoader(..., cache=\"{_size(size, flag=True)}\")): predicted {pred:.0f}/s against "
-                     f"{now:.0f}/s now; a bigger one adds under {model.TOLERANCE:.0%}"}]
+                     f"{now:.0f}/s now; a bigger one adds under {stallmodel.TOLERANCE:.0%}"}]
 
 
 def _worker_advice(inp, workers, x, max_workers, now) -> list[dict]:
-    fewest = model.fewest_workers(inp, x, max_workers)
+    fewest = stallmodel.fewest_workers(inp, x, max_workers)
     if fewest is not None:
         if fewest <= workers:
             return []
-        pred = model.predict(inp, x, fewest)
+        pred = stallmodel.predict(inp, x, fewest)
         return [{"action": "workers", "workers": fewest, "predicted": pred, "short": f"{fewest} workers ({pred:.0f}/s)",
                  "text": f"{fewest} workers (now {workers}): predicted {pred:.0f}/s, the ingestion rate "
                          f"(no prep stall left) against {now:.0f}/s"}]
-    best_w = model.plateau_workers(inp, x, max_workers)
-    best = model.predict(inp, x, best_w)
+    best_w = stallmodel.plateau_workers(inp, x, max_workers)
+    best = stallmodel.predict(inp, x, best_w)
     out = []
     if best_w != workers and best > (1 + GAIN) * now:
         out.append({"action": "workers", "workers": best_w, "predicted": best,
                     "short": f"{best_w} workers ({best:.0f}/s)",
                     "text": f"{best_w} workers (now {workers}): predicted {best:.0f}/s against {now:.0f}/s; "
                             "more add nothing here"})
-    bound = model.limits(inp, x, best_w).bound
+    bound = stallmodel.limits(inp, x, best_w).bound
     if bound == "cpu":
         cores = math.ceil(inp.ingestion * cpu_per_sample(inp, x, best_w))
         out.append({"action": "cores", "cores": cores, "predicted": inp.ingestion,
@@ -178,7 +179,7 @@ def _worker_advice(inp, workers, x, max_workers, now) -> list[dict]:
 
 def _dali_advice(inp, workers, x, device) -> dict:
     left = inp.train_cpu + (1 - x) * inp.fetch_cpu
-    lim = model.limits(inp, x, workers)
+    lim = stallmodel.limits(inp, x, workers)
     ceiling = min(lim.ingestion, lim.storage, inp.cores / left if left > 0 else math.inf)
     prep = inp.at(inp.prep_cpu, workers)
     where = ("backend=\"dali\", dali_device=\"gpu\" (coordl serve --backend dali)" if device.startswith("cuda")
@@ -202,7 +203,7 @@ def _coordinator_advice(inp, workers, x) -> list[dict]:
                      f"predicted {per}"}]
 
 
-def notes(inp: model.Inputs, rates: dict, cached: list[float], cold: list[float], alone: list[float],
+def notes(inp: stallmodel.Inputs, rates: dict, cached: list[float], cold: list[float], alone: list[float],
           workers: int, cache_fraction: float, rounds: dict | None = None,
           measured_counts: list[int] | None = None) -> list[str]:
     """Why measured numbers that look contradictory are what they are (empty when none do).
@@ -211,7 +212,7 @@ def notes(inp: model.Inputs, rates: dict, cached: list[float], cold: list[float]
     out = []
     prep, fetch = rates["prep"], rates["fetch"]
     spread = _spread(rounds or {})
-    if fetch > (1 + model.TOLERANCE) * prep:
+    if fetch > (1 + stallmodel.TOLERANCE) * prep:
         out.append(
             f"The profiled run ({cache_fraction:.0%} cached, cold storage) measured {fetch:.0f}/s, faster than "
             f"training with every item cached ({prep:.0f}/s): reading storage costs nothing measurable here "
@@ -229,26 +230,27 @@ def notes(inp: model.Inputs, rates: dict, cached: list[float], cold: list[float]
     checks = [("with every item cached", 1.0, prep), (f"for the profiled run ({cache_fraction:.0%} cached)",
                                                        cache_fraction, fetch)]
     for what, x, measured in checks:
-        lim = model.limits(inp, x, workers)
+        lim = stallmodel.limits(inp, x, workers)
         if abs(lim.rate - measured) > CHECK_TOLERANCE * measured:
             out.append(f"The model predicts {lim.rate:.0f}/s {what} where {measured:.0f}/s was measured "
                        f"({100 * (lim.rate - measured) / measured:+.0f}%): its {lim.bound} term binds "
                        f"({_terms(lim)}); " + _why(lim.bound, inp, x, workers, cold, alone))
-    best = model.predict(inp, 1.0, workers)
-    if best < (1 - model.TOLERANCE) * inp.ingestion:
+    best = stallmodel.predict(inp, 1.0, workers)
+    if best < (1 - stallmodel.TOLERANCE) * inp.ingestion:
         out.append(f"The ingestion rate ({inp.ingestion:.0f}/s) is the train step alone on batches already in "
                    f"memory: the ceiling, not a prediction. With every item cached the model predicts "
-                   f"{best:.0f}/s at {workers} workers, as its {model.limits(inp, 1.0, workers).bound} term binds: "
+                   f"{best:.0f}/s at {workers} workers, as its {stallmodel.limits(inp, 1.0, workers).bound} term "
+                   "binds: "
                    "a cache alone cannot reach the ingestion rate.")
     return out
 
 
-def _terms(lim: model.Limits) -> str:
+def _terms(lim: stallmodel.Limits) -> str:
     return ", ".join(f"{k} {v:.0f}/s" for k, v in (("model", lim.ingestion), ("workers", lim.workers),
                                                    ("storage", lim.storage), ("cpu", lim.cpu)) if math.isfinite(v))
 
 
-def _why(bound: str, inp: model.Inputs, x: float, workers: int, cold: list[float], alone: list[float]) -> str:
+def _why(bound: str, inp: stallmodel.Inputs, x: float, workers: int, cold: list[float], alone: list[float]) -> str:
     if bound == "cpu":
         return (f"the CPU term is {inp.cores} cores / {cpu_per_sample(inp, x, workers) * 1e3:.2f} ms a sample, "
                 "CPU measured in other runs than this one (train step on synthetic batches, loader alone); on "

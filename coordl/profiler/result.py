@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import advice, model
+from . import advice, stallmodel
 
 CACHE_FRACTIONS = [k / 10 for k in range(11)]
 
@@ -49,36 +49,36 @@ class ProfileResult:
     stall_bars: list = field(default_factory=list)
 
     @classmethod
-    def build(cls, settings, inputs: model.Inputs, ingest, alone, cold, cached, profiled, profiled_fraction,
+    def build(cls, settings, inputs: stallmodel.Inputs, ingest, alone, cold, cached, profiled, profiled_fraction,
               validation, rounds: dict | None = None, counts: list[int] | None = None) -> ProfileResult:
         W = settings["workers"]
         counts = counts or list(range(1, len(alone) + 1))  # the worker counts alone/cold/cached were timed at
         n = settings["items"]
         rates = {"ingestion": ingest.rate, "prep": cached[-1].rate, "fetch": profiled.rate}
-        st = model.decompose(n, rates["ingestion"], rates["prep"], rates["fetch"])
+        st = stallmodel.decompose(n, rates["ingestion"], rates["prep"], rates["fetch"])
         max_w = max(2 * W, inputs.cores + 2, 4)
-        fewest = model.fewest_workers(inputs, 1.0, max_w)
+        fewest = stallmodel.fewest_workers(inputs, 1.0, max_w)
         what_if = {
             "model": "rate(x, w) = min(ingestion, w / (t_item(w) + (1 - x) miss_cost(w)), "
                      "storage_bw(w) / ((1 - x) item_bytes), cores / (train_cpu + prep_cpu(w) + "
-                     "(1 - x) fetch_cpu)): coordl/profiler/model.py",
+                     "(1 - x) fetch_cpu)): coordl/profiler/stallmodel.py",
             "by_cache": [{"cache_fraction": f, "cache_bytes": round(f * settings["dataset_bytes"]),
-                          "workers": W, "predicted": r, "bound": model.limits(inputs, f, W).bound}
-                         for f, r in model.what_if_cache(inputs, W, CACHE_FRACTIONS)],
+                          "workers": W, "predicted": r, "bound": stallmodel.limits(inputs, f, W).bound}
+                         for f, r in stallmodel.what_if_cache(inputs, W, CACHE_FRACTIONS)],
             "by_workers": [{"workers": w, "cache_fraction": round(profiled_fraction, 4), "predicted": r,
-                            "bound": model.limits(inputs, profiled_fraction, w).bound}
-                           for w, r in model.what_if_workers(inputs, profiled_fraction,
+                            "bound": stallmodel.limits(inputs, profiled_fraction, w).bound}
+                           for w, r in stallmodel.what_if_workers(inputs, profiled_fraction,
                                                              list(range(1, max_w + 1)))],
             "by_workers_all_cached": [{"workers": w, "cache_fraction": 1.0, "predicted": r}
-                                      for w, r in model.what_if_workers(inputs, 1.0, list(range(1, max_w + 1)))],
+                                      for w, r in stallmodel.what_if_workers(inputs, 1.0, list(range(1, max_w + 1)))],
             "smallest_cache": _smallest_cache(inputs, W, settings["dataset_bytes"]),
             "fewest_workers": {
                 "prep_stall": fewest,
-                "best_at": model.plateau_workers(inputs, 1.0, max_w),
+                "best_at": stallmodel.plateau_workers(inputs, 1.0, max_w),
                 "note": ("workers that bring the all-cached rate to the ingestion rate"
                          if fewest is not None else
                          f"no worker count up to {max_w} reaches the ingestion rate: "
-                         f"{model.limits(inputs, 1.0, max_w).bound} bound"),
+                         f"{stallmodel.limits(inputs, 1.0, max_w).bound} bound"),
             },
         }
         measured = {
@@ -94,15 +94,15 @@ class ProfileResult:
             "storage_bw_by_readers": list(inputs.storage_bw),
             "memory_bw": inputs.memory_bw,
             "inputs": asdict(inputs),
-            "predicted_profiled": model.predict(inputs, profiled_fraction, W),
-            "predicted_all_cached": model.predict(inputs, 1.0, W),
+            "predicted_profiled": stallmodel.predict(inputs, profiled_fraction, W),
+            "predicted_all_cached": stallmodel.predict(inputs, 1.0, W),
         }
         for v in validation:
             v["error_pct"] = 100.0 * (v["predicted"] - v["measured"]) / v["measured"]
             v["within_tolerance"] = abs(v["error_pct"]) <= 100 * advice.CHECK_TOLERANCE
         device = settings.get("device", "cpu")
         found = advice.verdict(st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct, device)
-        pst = model.predicted_stalls(inputs, n, profiled_fraction, W)
+        pst = stallmodel.predicted_stalls(inputs, n, profiled_fraction, W)
         found = advice.reconcile(found, advice.verdict(pst.fetch_stall_pct, pst.prep_stall_pct, pst.compute_pct,
                                                        device))
         todo = advice.advise(inputs, found["stall"], W, profiled_fraction, settings["dataset_bytes"],
@@ -112,7 +112,7 @@ class ProfileResult:
                                W, profiled_fraction,
                                {"all cached": rounds.get(f"cached{W}", []), "profiled": rounds.get("profiled", [])},
                                measured_counts=counts)
-        explain += advice.disagreement_notes(found, rates, model.predict(inputs, profiled_fraction, W),
+        explain += advice.disagreement_notes(found, rates, stallmodel.predict(inputs, profiled_fraction, W),
                                              settings.get("steps", 0), settings.get("repeats", 1))
         explain += advice.validation_notes(validation, settings.get("steps", 0), settings.get("repeats", 1))
         return cls(settings, rates, st.fetch_stall_pct, st.prep_stall_pct, st.compute_pct,
@@ -149,11 +149,11 @@ def _timed(t) -> dict:
                if t.stats else {})}
 
 
-def _stall_bars(inputs: model.Inputs, n: int, measured: model.Stalls, x0: float, W: int,
+def _stall_bars(inputs: stallmodel.Inputs, n: int, measured: stallmodel.Stalls, x0: float, W: int,
                 todo: list[dict]) -> list[dict]:
     """The measured epoch split of the profiled run, then the model's for it, for each advised
     cache size or worker count, and for everything cached."""
-    def bar(label: str, kind: str, st: model.Stalls) -> dict:
+    def bar(label: str, kind: str, st: stallmodel.Stalls) -> dict:
         return {"label": label, "kind": kind, "compute_s": st.compute_s, "prep_stall_s": st.prep_stall_s,
                 "fetch_stall_s": st.fetch_stall_s}
 
@@ -169,11 +169,12 @@ def _stall_bars(inputs: model.Inputs, n: int, measured: model.Stalls, x0: float,
     for x, w in configs:
         if (round(x, 4), w) not in seen:
             seen.add((round(x, 4), w))
-            bars.append(bar(f"predicted\n{x:.0%} cached, {w}w", "predicted", model.predicted_stalls(inputs, n, x, w)))
+            bars.append(bar(f"predicted\n{x:.0%} cached, {w}w", "predicted",
+                            stallmodel.predicted_stalls(inputs, n, x, w)))
     return bars
 
 
-def _smallest_cache(inputs: model.Inputs, workers: int, dataset_bytes: int) -> dict:
-    f = model.smallest_cache(inputs, workers)
+def _smallest_cache(inputs: stallmodel.Inputs, workers: int, dataset_bytes: int) -> dict:
+    f = stallmodel.smallest_cache(inputs, workers)
     return {"fetch_stall": f, "fetch_stall_bytes": round(f * dataset_bytes), "workers": workers,
             "note": "smallest cache (fraction of the dataset) within 2% of a full cache's rate"}

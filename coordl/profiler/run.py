@@ -1,4 +1,4 @@
-"""`coordl.profile`: runs the measurements (measure.py), feeds the model (model.py), returns a
+"""`coordl.profile`: runs the measurements (measure.py), feeds the model (stallmodel.py), returns a
 `ProfileResult` (result.py).
 
 NOTE [temporary state and its cleanup]
@@ -32,7 +32,7 @@ import torch
 from coordl.datasets.base import CoordlDataset, require_fingerprint
 from coordl.errors import ConfigError
 
-from . import measure, model
+from . import measure, stallmodel
 from .items import ItemReads
 from .result import ProfileResult
 
@@ -164,7 +164,7 @@ def profile(train_step: Callable, dataset, batch_size: int = 64, num_workers: in
             `coordl.AudioFolder` or your subclass (read through its own fetch; the page cache is
             dropped where its storage allows, and the result's notes say where it could not).
         batch_size, num_workers: of the loader being profiled (prep is also measured at
-            a few counts up to num_workers, at most 4, and fitted between: model.measured_counts).
+            a few counts up to num_workers, at most 4, and fitted between: stallmodel.measured_counts).
         steps: timed steps per measurement (after 2 warm-up steps); each measurement uses
             ``(steps + 2) * batch_size`` distinct items. None: 10, or as many as the dataset holds
             (`fit_steps`; the result's notes say so).
@@ -210,7 +210,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
              settings: dict, repeats: int) -> ProfileResult:
     synth = measure.synthetic_batches(s.example_batch())
     sample = _storage_sample(s)
-    counts = model.measured_counts(W)
+    counts = stallmodel.measured_counts(W)
     reads = [measure.storage_bandwidth(sample, w, s.storage) for w in counts]
     latency = measure.read_latency(sample[:LATENCY_READS], s.storage)
 
@@ -243,9 +243,9 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
             raise RuntimeError(f"an all-cached run ({key}) read items from storage")
 
     def fit(values) -> tuple[float, ...]:
-        return model.fit_counts(counts, list(values))
+        return stallmodel.fit_counts(counts, list(values))
 
-    inputs = model.Inputs(
+    inputs = stallmodel.Inputs(
         ingestion=ingest.rate, train_cpu=ingest.cpu_self,
         prep_alone=fit(t.rate for t in alone), cached=fit(t.rate for t in cached),
         prep_cold=fit(t.rate for t in cold),
@@ -253,7 +253,7 @@ def _profile(s: _Session, train_step, W: int, cache_bytes: int, dev, validate: b
         storage_bw=fit(bw for bw, _cpu in reads), memory_bw=memory_bw, fetch_cpu=reads[0][1],
         read_latency=latency, item_bytes=s.total_bytes / len(s.ds), cores=len(os.sched_getaffinity(0)))
     validation = [{"config": {"cache_fraction": round(x, 4), "workers": w},
-                   "predicted": model.predict(inputs, x, w), "measured": got[f"validate{k}"].rate,
+                   "predicted": stallmodel.predict(inputs, x, w), "measured": got[f"validate{k}"].rate,
                    "measured_rounds": [t.rate for t in rounds[f"validate{k}"]]}
                   for k, (x, w, _c) in enumerate(configs)]
     result = ProfileResult.build(

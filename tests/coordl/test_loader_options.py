@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import coordl
-from coordl.datasets.binding import Binding
-from coordl.datasets.imagefolder import _NO_COUNTERS
+from coordl.datasets.binding import NO_COUNTERS, Binding
 from coordl.loader.options import LoaderOptions
 from coordl.loader.stats import Counters
 
@@ -56,7 +55,7 @@ def test_bind_attaches_one_binding_and_the_users_dataset_declares_none_of_the_lo
     assert not set(_LOADER_FIELDS) & set(vars(ds))  # (failed before: ImageFolder declared all seven)
     assert ds.binding is None and not ds.is_bound
     assert (ds.counters, ds.cache, ds.drop_page_cache, ds.batch_slots, ds.coordinator) == \
-        (_NO_COUNTERS, None, False, 0, None)
+        (NO_COUNTERS, None, False, 0, None)
     loader = coordl.DataLoader(ds, batch_size=4, num_workers=2, reuse_buffers=True)
     bound = loader.dataset
     assert set(vars(bound)) - set(vars(ds)) == {"binding"} and isinstance(bound.binding, Binding)
@@ -72,6 +71,6 @@ def test_bind_attaches_one_binding_and_the_users_dataset_declares_none_of_the_lo
         bound.cache = "8GiB"
     with pytest.raises(AttributeError, match=r"ImageFolder.counters is the loader's"):
         ds.counters = Counters(0)
-    ds.counters = _NO_COUNTERS  # the unbound default, as subclasses written before the binding set it
+    ds.counters = NO_COUNTERS  # the unbound default, as subclasses written before the binding set it
     other = ds.bind(Binding(Counters(0)))
     assert other.binding is not binding and other.cache is None and ds.binding is None

@@ -7,20 +7,20 @@ import math
 
 import pytest
 
-from coordl.profiler import advice, model, report
+from coordl.profiler import advice, report, stallmodel
 
 MB = 10**6
 
 
-def inputs(**kw) -> model.Inputs:
+def inputs(**kw) -> stallmodel.Inputs:
     base = dict(ingestion=1000.0, train_cpu=0.0, prep_alone=(400.0, 800.0), cached=(400.0, 800.0),
                 prep_cpu=(0.0, 0.0), storage_bw=(10**15, 10**15), memory_bw=10**15, fetch_cpu=0.0,
                 read_latency=1e-4, item_bytes=100_000.0, cores=64)
     base.update(kw)
-    return model.Inputs(**base)
+    return stallmodel.Inputs(**base)
 
 
-def fetch_bound(bw: float = 10 * MB) -> model.Inputs:
+def fetch_bound(bw: float = 10 * MB) -> stallmodel.Inputs:
     return inputs(ingestion=10_000.0, prep_alone=(10_000.0, 20_000.0), cached=(10_000.0, 10_000.0),
                   storage_bw=(bw, bw))
 
@@ -46,14 +46,14 @@ def test_fetch_bound_advice_is_the_models_smallest_cache():
     todo = advice.advise(inp, "fetch", 2, 0.0, 100 * MB, "cpu", 8)
     first = todo[0]
     assert first["action"] == "cache"
-    assert first["cache_fraction"] == model.smallest_cache(inp, 2) == 0.99
+    assert first["cache_fraction"] == stallmodel.smallest_cache(inp, 2) == 0.99
     assert first["cache_bytes"] == round(0.99 * 100 * MB)
-    assert first["predicted"] == pytest.approx(model.predict(inp, 0.99, 2))
+    assert first["predicted"] == pytest.approx(stallmodel.predict(inp, 0.99, 2))
     assert "--cache 95MiB" in first["text"]  # 99 MB = 94.4 MiB, rounded up
     # derived, not fixed: faster storage needs a smaller cache
     faster = advice.advise(fetch_bound(bw=500 * MB), "fetch", 2, 0.0, 100 * MB, "cpu", 8)[0]
     assert faster["action"] == "cache" and faster["cache_fraction"] < first["cache_fraction"]
-    assert faster["cache_fraction"] == model.smallest_cache(fetch_bound(bw=500 * MB), 2)
+    assert faster["cache_fraction"] == stallmodel.smallest_cache(fetch_bound(bw=500 * MB), 2)
     # a cache already that big: no cache advice
     assert all(a["action"] != "cache" for a in advice.advise(inp, "fetch", 2, 0.995, 100 * MB, "cpu", 8))
 
@@ -62,7 +62,7 @@ def test_prep_bound_advice_is_the_fewest_workers_that_reach_the_ingestion_rate()
     inp = inputs()  # 400/s a worker, ingestion 1000/s, free CPUs
     todo = advice.advise(inp, "prep", 2, 1.0, 100 * MB, "cpu", 8)
     w = next(a for a in todo if a["action"] == "workers")
-    assert w["workers"] == model.fewest_workers(inp, 1.0, 8) == 3
+    assert w["workers"] == stallmodel.fewest_workers(inp, 1.0, 8) == 3
     assert w["predicted"] == pytest.approx(1000.0)
     dali = next(a for a in todo if a["action"] == "dali")
     assert "on a machine with a GPU" in dali["text"] and 'dali_device="gpu"' in dali["text"]
@@ -90,7 +90,7 @@ def test_cpu_bound_prep_advises_cores_dali_and_the_coordinator():
 
 def test_predict_jobs_shares_prep_once():
     inp = inputs(cores=2, train_cpu=0.001, prep_cpu=(0.003, 0.003))
-    assert advice.predict_jobs(inp, 1.0, 2, 1, True) == pytest.approx(model.predict(inp, 1.0, 2))
+    assert advice.predict_jobs(inp, 1.0, 2, 1, True) == pytest.approx(stallmodel.predict(inp, 1.0, 2))
     assert advice.predict_jobs(inp, 1.0, 2, 2, False) == pytest.approx(2 / 0.008)
     assert advice.predict_jobs(inp, 1.0, 2, 2, True) == pytest.approx(2 / 0.005)
 
@@ -118,7 +118,7 @@ def test_notes_explain_a_cold_run_faster_than_a_cached_one():
 def test_notes_explain_a_prediction_far_from_the_measurement():
     inp = inputs(cores=2, train_cpu=0.001, prep_cpu=(0.002, 0.002), cached=(400.0, 1127.0),
                  prep_alone=(400.0, 1200.0), ingestion=1500.0)
-    lim = model.limits(inp, 1.0, 2)
+    lim = stallmodel.limits(inp, 1.0, 2)
     assert lim.bound == "cpu" and lim.rate == pytest.approx(2 / 0.003)
     out = advice.notes(inp, {"ingestion": 1500.0, "prep": 1127.0, "fetch": 1127.0}, [400.0, 1127.0], [],
                        [400.0, 1200.0], 2, 1.0)
@@ -130,7 +130,7 @@ def test_notes_explain_a_prediction_far_from_the_measurement():
 
 def test_no_notes_when_nothing_contradicts():
     inp = inputs(prep_cold=(380.0, 780.0))
-    rates = {"ingestion": 1000.0, "prep": 800.0, "fetch": model.predict(inp, 0.0, 2)}
+    rates = {"ingestion": 1000.0, "prep": 800.0, "fetch": stallmodel.predict(inp, 0.0, 2)}
     out = advice.notes(inp, rates, [400.0, 800.0], [380.0, 780.0], [400.0, 800.0], 2, 0.0)
     assert not [n for n in out if "faster than" in n or "0.00 ms" in n or "The model predicts" in n]
 

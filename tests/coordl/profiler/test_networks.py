@@ -1,4 +1,4 @@
-"""coordl/profiler/models.py: built-in models, and any torchvision model by name.
+"""coordl/profiler/networks.py: built-in models, and any torchvision model by name.
 
 torchvision does not import on the CPU test machines, so its lookup is tested against a stand-in
 package named torchvision (a real package on sys.path in a child interpreter, exposing
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from coordl.errors import ConfigError
-from coordl.profiler import models
+from coordl.profiler import networks
 
 STAND_IN = '''
 import torch
@@ -37,14 +37,14 @@ def get_model(name, **config):
 CHILD = '''
 import torch, torchvision.models as tvm
 from coordl.errors import ConfigError
-from coordl.profiler import models
-m = models.build("fakenet50", 3)
-step = models.train_step_for(m, "cpu")
+from coordl.profiler import networks
+m = networks.build("fakenet50", 3)
+step = networks.train_step_for(m, "cpu")
 loss = step([torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8), torch.tensor([0, 2])])
-assert loss.dim() == 0 and isinstance(m[0], models.Normalize), m
+assert loss.dim() == 0 and isinstance(m[0], networks.Normalize), m
 print("asked", tvm.asked)
 try:
-    models.build("nosuchnet", 3)
+    networks.build("nosuchnet", 3)
 except ConfigError as e:
     print("error", e)
 '''
@@ -69,9 +69,9 @@ def test_a_torchvision_name_without_torchvision_says_how_to_get_it():
     match = (r"model='resnet50' is not a built-in model \(small-cnn, resnet18\), and torchvision models need "
              r"torchvision.*pip install 'coordl\[torchvision\]'")
     with pytest.raises(ConfigError, match=match):
-        models.build("resnet50", 10)
+        networks.build("resnet50", 10)
 
 
 def test_built_in_models_take_uint8():
-    step = models.train_step_for(models.build("small-cnn", 4), "cpu")
+    step = networks.train_step_for(networks.build("small-cnn", 4), "cpu")
     assert step([torch.zeros(2, 3, 32, 32, dtype=torch.uint8), torch.tensor([0, 3])]).dim() == 0

@@ -1,4 +1,4 @@
-"""The profiler's model: stall decomposition by difference and the what-if predictions. Pure.
+"""The stall model: stall decomposition by difference and the what-if predictions. Pure.
 
 Stall decomposition (DS-Analyzer's differential method). Three measured
 training throughputs at the profiled number of workers, samples/s:
