@@ -1,0 +1,105 @@
+"""Ray Tune (coordl.integrations.ray, `pip install -e '.[ray]'`): real searches on this machine
+(`ray.init(num_cpus=2)`) whose trials share one `coordl serve` daemon: docs/ray-tune.md's example,
+run as it is written there, and a search in which Tune stops a trial mid-epoch
+(jobs/ray_stop_job.py). Each runs as its own process (tests/jobs.py: bounded, stacks on a hang,
+no process of its session left), with Ray's temp folder, the daemons' folders (TMPDIR) and Tune's
+results (HOME) in a short folder of the test's, checked free of coordl's leftovers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+import coordl_tests_jobs as jobs
+import pytest
+
+import coordl
+
+pytest.importorskip("ray.tune", reason="pip install -e '.[ray]'")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOC = os.path.join(ROOT, "docs", "ray-tune.md")
+N = 40  # tiny_root's images
+
+
+def _doc_example(test: str) -> str:
+    """The python block of docs/ray-tune.md marked as tested by `test`."""
+    text = open(DOC).read()
+    mark = f"<!-- docs-test: tested-by tests/integrations/test_ray_tune.py::{test} -->\n```python\n"
+    assert mark in text, f"docs/ray-tune.md has no block marked {mark!r}"
+    return text.split(mark, 1)[1].split("\n```\n", 1)[0] + "\n"
+
+
+def _local(root: str, batch_size: int, epoch: int) -> list[str]:
+    """Digests of a local loader's batches of `epoch`, as the trials compute them."""
+    loader = coordl.DataLoader(coordl.ImageFolder(root, transform="train", size=32, seed=0),
+                               batch_size=batch_size, shuffle=True)
+    loader.set_epoch(epoch)
+    return [hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest() for x, y in loader]
+
+
+@pytest.fixture
+def ray_tmp():
+    """(folder, env) for a Ray job: RAY_TMPDIR, TMPDIR and HOME there (short: Ray's sockets live in
+    it). At the end nothing of coordl may be left in it (a daemon's folder `coordl-ray-*`); it is
+    removed then."""
+    folder = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    shm_before = set(os.listdir("/dev/shm"))
+    yield folder, {"RAY_TMPDIR": folder, "TMPDIR": folder, "HOME": folder}
+    left = [n for n in os.listdir(folder) if n.startswith("coordl")]
+    shm_new = [n for n in set(os.listdir("/dev/shm")) - shm_before if re.match(r"(coordl|plasma|ray)", n)]
+    shutil.rmtree(folder, ignore_errors=True)
+    assert left == [], f"left in {folder}: {left}"
+    assert shm_new == [], f"left in /dev/shm: {shm_new}"
+
+
+def _run(args: list[str], env: dict) -> str:
+    """A Python script of `args` run to its end as a job (coordl_tests_jobs.run); its stdout."""
+    return jobs.run([sys.executable, *args], env, timeout=150)
+
+
+def test_a_tune_search_shares_one_daemon(tiny_root, ray_tmp):
+    folder, env = ray_tmp
+    script = os.path.join(folder, "ray_tune_example.py")
+    with open(script, "w") as f:
+        f.write(_doc_example("test_a_tune_search_shares_one_daemon"))
+    out = _run([script, tiny_root], env)
+    trials = json.loads(out.strip().splitlines()[-1])
+    assert sorted((t["batch_size"], t["lr"]) for t in trials) == [(8, 0.01), (8, 0.1), (12, 0.01), (12, 0.1)]
+    for t in trials:
+        assert [e["epoch"] for e in t["epochs"]] == [0, 1]        # all 4 began at the daemon's epoch 0
+        for e in t["epochs"]:
+            assert e["digests"] == _local(tiny_root, t["batch_size"], e["epoch"]), (t["batch_size"], e["epoch"])
+        # the daemon decoded each image once per epoch for the 4 trials together (it serves
+        # exactly epochs=2): 80, where 4 loaders of their own decode 320
+        assert t["daemon_decodes"] == 2 * N
+    assert "decodes: [80, 80, 80, 80]" in out
+
+
+def test_a_trial_stopped_mid_epoch_detaches_and_the_others_finish(tiny_root, ray_tmp, tmp_path):
+    folder, env = ray_tmp
+    result = str(tmp_path / "result.json")
+    _run([os.path.join(os.path.dirname(__file__), "jobs", "ray_stop_job.py"), tiny_root, result], env)
+    with open(result) as f:
+        rec = json.load(f)
+    assert rec["children_left"] == []
+    by = {(t["config"]["batch_size"], t["config"]["doomed"]): t for t in rec["trials"]}
+    doomed = by[(12, True)]
+    assert doomed["error"] is None                                   # stopped by Tune, not failed
+    assert [(r["epoch"], r["batch"]) for r in doomed["reports"]] == [(0, 0), (0, 1)]
+    for key in ((8, False), (12, False)):
+        t = by[key]
+        assert t["error"] is None
+        assert [r["epoch"] for r in t["reports"]] == [0, 1, 2]
+        for r in t["reports"]:
+            assert r["digests"] == _local(tiny_root, key[0], r["epoch"])
+        assert t["reports"][-1]["daemon_decodes"] == 3 * N          # nothing prepared twice for anyone
+    assert not any(t["pid_alive"] for t in rec["trials"])
+    status = rec["status"]
+    assert status["jobs"] == []                                      # every trial detached
+    assert status["owed"] == 1                                       # the doomed one left with epochs to go
