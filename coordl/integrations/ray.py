@@ -26,15 +26,21 @@ NOTE (lifecycle of every process and file):
 - actors: `shared_prep` (in the driver, after `ray.init`, which it calls if nobody has) starts one
   actor per alive node, `NodeDaemon`, with no CPU, pinned there (NodeAffinitySchedulingStrategy,
   not soft). It owns the node's daemon; only the driver holds its handle.
-- daemon: a child of its actor, `coordl serve` run from `_serve_main` with PR_SET_PDEATHSIG
-  SIGTERM, so an actor that dies (ray.kill, its driver killed, `ray.shutdown()`) stops its daemon
-  the clean way: the daemon unlinks its ring and removes its socket. Its socket and log
-  (`serve.sock`, `serve.log`) live in a folder of the actor's, mkdtemp, mode 0700.
+- daemon: a child of its actor in a session of its own (a terminal's Ctrl+C is the driver's to
+  handle), `coordl serve` run by `_serve_main` with PR_SET_PDEATHSIG SIGTERM. Its socket and log
+  (`serve.sock`, `serve.log`) live in a folder of the actor's, mkdtemp (mode 0700) in the node's
+  temp dir; its ring, as any daemon's, in COORDL_SHM_DIR (/dev/shm) under its own prefix.
 - the end: leaving the `with` block (normally, by an exception, by KeyboardInterrupt), or
-  `prep.close()`, asks each actor to stop its daemon (SIGTERM; SIGKILL after `stop_timeout`
-  seconds, then what the killed daemon left is removed as `coordl cleanup` does), remove its
-  folder, and then kills the actor. An actor gone before (ray.shutdown() inside the block)
-  stopped its daemon by the death signal; only its folder stays in the node's temp dir.
+  `prep.close()`, asks each actor to stop its daemon (SIGTERM: it unlinks its ring and removes
+  its socket; SIGKILL after `stop_timeout` seconds, then its segments are removed by name),
+  remove its folder, and then kills the actors.
+- an actor that dies first (ray.kill, a crash): Ray kills a dead worker's children (SIGKILL),
+  so its daemon dies without unlinking its ring (where Ray leaves them alone, the death signal
+  stops it the clean way). `close()` then runs a task on that node, `_clear_node`, that removes
+  what the daemon left: its segments (names carry its pid and start time) and its folder.
+  Where the driver itself dies (SIGKILL), Ray kills the actors and so the daemons, and nobody
+  is left to clear: `coordl cleanup` on the node removes the rings (as after any killed daemon),
+  and the `coordl-ray-*` folders stay in the temp dir.
 - trials: `prep.loader(...)` is a `coordl.DataLoader` attached to the daemon of the node the trial
   runs on. A trial that Tune stops early (a scheduler such as ASHA, a stopper) gets SystemExit out
   of `tune.report` (Ray Tune's own way to end a trial's function): the iterator it was in is
@@ -55,7 +61,7 @@ import tempfile
 from typing import Any
 
 from coordl.coordinator.config import ServeConfig
-from coordl.errors import ConfigError, CoordinatorError
+from coordl.errors import ConfigError, CoordinatorError, CoordlError
 
 INSTALL_HINT = "pip install -e '.[ray]' (a user's install: pip install 'coordl[ray]')"
 # what shared_prep chooses itself: the socket (one per node), the process (an actor's child)
@@ -105,23 +111,33 @@ class NodeDaemon:
         self.log = os.path.join(self.folder, "serve.log")
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 120.0) -> str:
-        """Start the daemon; its socket path once it listens (CoordinatorError with its log if not)."""
+    def start(self, timeout: float = 120.0) -> dict[str, Any]:
+        """Start the daemon; once it listens, where it is: {"socket", "pid", "start" (its start time:
+        the pid's identity), "folder", "shm_dir"}. CoordinatorError with its error if it does not."""
         import select
+
+        from coordl.cache import shm
 
         fields = dataclasses.asdict(self.config)
         code = "from coordl.integrations.ray import _serve_main; _serve_main()"
-        with open(self.log, "wb") as log:
+        with open(self.log, "wb") as log:  # a session of its own: a terminal's Ctrl+C is the driver's
             self.proc = subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), json.dumps(fields)],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log)
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                                         start_new_session=True)
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline().decode(errors="replace") if ready else ""
         if not line.startswith(_READY):
-            self.stop()
-            raise CoordinatorError(f"coordl serve on this node (for shared_prep) did not start within "
-                                   f"{timeout:g} s: {self._log_tail() or 'no output'}")
-        return self.config.socket
+            try:  # its output ended: it is exiting
+                exited = self.proc.wait(10) if ready else None
+            except subprocess.TimeoutExpired:
+                exited = None
+            said = self._log_tail(5)
+            self.stop(5.0)
+            how = f"exited ({exited})" if exited is not None else f"did not listen within {timeout:g} s"
+            raise CoordinatorError(f"coordl serve for shared_prep on this node {how}: {said or 'no output'}")
+        return {"socket": self.config.socket, "pid": self.proc.pid, "start": shm.proc_start(self.proc.pid),
+                "folder": self.folder, "shm_dir": shm.SHM_DIR}
 
     def status(self) -> dict[str, Any]:
         """`coordl status --json` of this node's daemon."""
@@ -145,11 +161,9 @@ class NodeDaemon:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 code = proc.wait()
-                from coordl.coordinator.cleanup import cleanup
-
-                cleanup()  # its ring segment (only segments whose daemon is gone)
             if proc.stdout is not None:
                 proc.stdout.close()
+            _remove_left(proc.pid, self.folder)  # what a daemon killed (not stopped) left; else nothing
         shutil.rmtree(self.folder, ignore_errors=True)
         return code
 
@@ -159,6 +173,38 @@ class NodeDaemon:
                 return "".join(f.readlines()[-lines:]).strip()
         except OSError:
             return ""
+
+
+def _remove_left(pid: int, folder: str, shm_dir: str | None = None) -> None:
+    """What the daemon `pid` (gone: killed, not stopped) left: its segments (the names carry its pid
+    and start time, segments.py; none of a living daemon is touched) and its folder."""
+    from coordl.cache import shm
+    from coordl.coordinator import segments
+
+    directory = shm.SHM_DIR if shm_dir is None else shm_dir
+    for name in shm.list_names(directory, f"{segments.PREFIX}{pid}-"):
+        if not segments.owner_alive(name):
+            segments.unlink(os.path.join(directory, name))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _clear_node(where: dict[str, Any], timeout: float) -> None:
+    """A Ray task on a node whose actor died before it stopped the daemon (ray.kill, a crash: Ray
+    kills a dead worker's children with SIGKILL, before the daemon's death signal can stop it the
+    clean way): stop the daemon if it still runs, then remove what it left."""
+    import time
+
+    from coordl.cache import shm
+
+    pid, start = where["pid"], where["start"]
+    if shm.alive(pid, start):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while shm.alive(pid, start) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if shm.alive(pid, start):
+            os.kill(pid, signal.SIGKILL)
+    _remove_left(pid, where["folder"], where["shm_dir"])
 
 
 def _serve_main() -> None:
@@ -176,18 +222,23 @@ def _serve_main() -> None:
         pass
     if os.getppid() != parent:  # the actor died before prctl took effect
         sys.exit(1)
-    config = ServeConfig(**fields)
-    if config.dali_device == "gpu":
-        from coordl.cli.serve import _check_cuda_devices
-
-        _check_cuda_devices()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s coordl serve[%(process)d] (ray): %(message)s")
 
     def ready(daemon: Daemon) -> None:
         print(f"{_READY}{daemon.socket_path}", flush=True)
 
-    Daemon(config).run(ready=ready)
+    try:
+        config = ServeConfig(**fields)
+        if config.dali_device == "gpu":
+            from coordl.cli.serve import _check_cuda_devices
+
+            _check_cuda_devices()
+        daemon = Daemon(config)  # scans the dataset: its errors, in words, before it listens
+    except CoordlError as e:
+        print(f"coordl serve: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    daemon.run(ready=ready)
 
 
 class SharedPrep:
@@ -196,13 +247,13 @@ class SharedPrep:
     into the trials as its settings and each node's socket, and there `prep.loader(...)` attaches
     to the trial's node's daemon. `status()` and `close()` are the driver's."""
 
-    def __init__(self, options: dict[str, Any], addresses: dict[str, str], actors: list[Any]) -> None:
+    def __init__(self, options: dict[str, Any], daemons: list[_Daemon]) -> None:
         self.config = ServeConfig(**options)   # the settings every node's daemon serves (its socket aside)
-        self.addresses = addresses             # node id -> that node's daemon socket path
-        self._actors: list[Any] | None = actors  # the driver's NodeDaemon actors (None in a trial)
+        self.addresses = {d.node: d.where["socket"] for d in daemons}  # node id -> its daemon's socket
+        self._daemons: list[_Daemon] | None = daemons  # the driver's (None in a trial)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_actors": None}
+        return {**self.__dict__, "_daemons": None}
 
     def address(self) -> str:
         """``unix://...`` of this node's daemon (the node this trial, or the driver, runs on)."""
@@ -234,15 +285,14 @@ class SharedPrep:
 
     def status(self) -> dict[str, dict[str, Any]]:
         """node id -> `coordl status --json` of its daemon (jobs attached, `decodes`, ...)."""
-        ray = _ray()
-        actors = self._driver("status()")
-        return dict(zip(self.addresses, ray.get([a.status.remote() for a in actors])))
+        daemons = self._driver("status()")
+        return {d.node: status for d, status in zip(daemons, _ray().get([d.actor.status.remote() for d in daemons]))}
 
     def close(self, stop_timeout: float = 30.0) -> None:
         """Stop every node's daemon and its actor (see the NOTE); a second call does nothing."""
-        actors, self._actors = self._actors, []
-        if actors:
-            _stop(actors, stop_timeout)
+        daemons, self._daemons = self._daemons, []
+        if daemons:
+            _stop(daemons, stop_timeout)
 
     def __enter__(self) -> SharedPrep:
         return self
@@ -250,13 +300,13 @@ class SharedPrep:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _driver(self, what: str) -> list[Any]:
-        if self._actors is None:
+    def _driver(self, what: str) -> list[_Daemon]:
+        if self._daemons is None:
             raise CoordinatorError(f"SharedPrep.{what} is the driver's (the process that called "
                                    "shared_prep); in a trial use loader.stats()")
-        if not self._actors:
+        if not self._daemons:
             raise CoordinatorError(f"SharedPrep.{what}: this search's daemons have been stopped")
-        return self._actors
+        return self._daemons
 
 
 def shared_prep(data: str | None = None, *, batch_size: int, start_timeout: float = 120.0,
@@ -277,29 +327,54 @@ def shared_prep(data: str | None = None, *, batch_size: int, start_timeout: floa
     fields = serve_options(data, batch_size, **options)
     if not ray.is_initialized():
         ray.init()
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     actor_class = ray.remote(num_cpus=0, max_restarts=0)(NodeDaemon)
-    actors = []
+    daemons: list[_Daemon] = []
     try:
-        for node in nodes:
+        for node in [n["NodeID"] for n in ray.nodes() if n.get("Alive")]:
             where = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-            actors.append(actor_class.options(scheduling_strategy=where).remote(fields))
-        sockets = ray.get([a.start.remote(start_timeout) for a in actors])
-    except BaseException:
-        _stop(actors, 30.0)
+            daemons.append(_Daemon(node, actor_class.options(scheduling_strategy=where).remote(fields)))
+        starts = [d.actor.start.remote(start_timeout) for d in daemons]
+        for d, ref in zip(daemons, starts):
+            d.where = ray.get(ref)
+    except BaseException as e:
+        _stop(daemons, 5.0)
+        cause = getattr(e, "cause", None)  # a RayTaskError: raise coordl's own, with its message
+        if isinstance(cause, CoordlError):
+            raise cause from None
         raise
-    return SharedPrep(fields, dict(zip(nodes, sockets)), actors)
+    return SharedPrep(fields, daemons)
 
 
-def _stop(actors: list[Any], timeout: float) -> None:
-    """Ask every actor to stop its daemon, then kill the actors (their daemons, had they any left,
-    stop on the death signal). Nothing to do once Ray is shut down: the actors died with it."""
+@dataclasses.dataclass
+class _Daemon:
+    """One node's daemon, as the driver knows it."""
+
+    node: str                        # Ray node id
+    actor: Any                       # its NodeDaemon actor
+    where: dict[str, Any] = dataclasses.field(default_factory=dict)  # NodeDaemon.start's answer
+
+
+def _stop(daemons: list[_Daemon], timeout: float) -> None:
+    """Ask every actor to stop its daemon and kill the actors; on the nodes where an actor had died
+    before (its daemon killed, not stopped), remove what the daemon left (`_clear_node`). Nothing to
+    do once Ray is shut down: the actors died with it (see the NOTE)."""
     ray = _ray()
     if not ray.is_initialized():
         return
-    try:
-        ray.wait([a.stop.remote(timeout) for a in actors], num_returns=len(actors), timeout=timeout + 30)
-    finally:
-        for actor in actors:
-            ray.kill(actor)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    failed = []
+    try:
+        stops = [d.actor.stop.remote(timeout) for d in daemons]
+        for d, ref in zip(daemons, stops):
+            try:
+                ray.get(ref, timeout=timeout + 30)
+            except ray.exceptions.RayError:  # the actor died (RayActorError), its stop failed or hung
+                failed.append(d)
+    finally:
+        for d in daemons:
+            ray.kill(d.actor)
+    clear = ray.remote(num_cpus=0, max_retries=0)(_clear_node)
+    refs = [clear.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=d.node, soft=False))
+            .remote(d.where, timeout) for d in failed if d.where]
+    ray.wait(refs, num_returns=len(refs), timeout=timeout + 30)

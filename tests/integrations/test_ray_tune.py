@@ -103,3 +103,23 @@ def test_a_trial_stopped_mid_epoch_detaches_and_the_others_finish(tiny_root, ray
     status = rec["status"]
     assert status["jobs"] == []                                      # every trial detached
     assert status["owed"] == 1                                       # the doomed one left with epochs to go
+
+
+def test_the_daemons_stop_on_an_interrupt_a_killed_actor_and_a_bad_start(tiny_root, ray_tmp, tmp_path):
+    folder, env = ray_tmp
+    result = str(tmp_path / "result.json")
+    _run([os.path.join(os.path.dirname(__file__), "jobs", "ray_lifecycle_job.py"), tiny_root, result], env)
+    with open(result) as f:
+        rec = json.load(f)
+    assert rec["children_left"] == []
+    # KeyboardInterrupt inside the block: the daemon stopped the clean way, nothing of it left
+    assert rec["interrupted"] == {"daemon_gone": True, "socket": rec["interrupted"]["socket"], "socket_left": False,
+                                  "folder_left": False, "ring_left": False}
+    assert rec["interrupted"]["socket"].startswith(os.path.join(folder, "coordl-ray-"))
+    assert rec["copy_address"] == "unix://" + rec["interrupted"]["socket"]  # a pickled copy finds it
+    assert "driver's" in rec["copy_status"] and "have been stopped" in rec["closed_status"]
+    # its actor killed: the daemon died with it; close() removed its ring, socket and folder
+    assert rec["killed"] == {"daemon_gone": True, "socket_left": False, "ring_left": False, "folder_left": False}
+    # a daemon that cannot start: coordl's error, in words, not Ray's wrapper
+    assert rec["bad_start"].startswith("coordl serve for shared_prep on this node exited (1): ")
+    assert "no-such-folder' does not exist" in rec["bad_start"]
