@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -123,3 +124,37 @@ def test_the_daemons_stop_on_an_interrupt_a_killed_actor_and_a_bad_start(tiny_ro
     # a daemon that cannot start: coordl's error, in words, not Ray's wrapper
     assert rec["bad_start"].startswith("coordl serve for shared_prep on this node exited (1): ")
     assert "no-such-folder' does not exist" in rec["bad_start"]
+
+
+def test_a_node_daemon_serves_and_stops_without_ray(tiny_root, tmp_path, monkeypatch):
+    """The actor's object itself, in this process: its daemon serves a coordinated loader, and
+    stop() leaves nothing, also after the daemon was killed (SIGKILL: its ring removed by name)."""
+    from coordl.coordinator import segments
+    from coordl.integrations.ray import NodeDaemon, serve_options
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # TMPDIR read again
+    try:
+        node = NodeDaemon(serve_options(tiny_root, 4, size=32, workers=1, join_window=0))
+        where = node.start()
+        assert where["socket"] == os.path.join(node.folder, "serve.sock") and node.folder.startswith(str(tmp_path))
+        assert node.status()["pid"] == where["pid"]
+        loader = coordl.DataLoader(coordl.ImageFolder(tiny_root, size=32), batch_size=12, shuffle=True,
+                                   coordinator="unix://" + where["socket"])
+        digests = [hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest() for x, y in loader]
+        assert digests == _local(tiny_root, 12, 0)
+        loader.coordinator.close()
+        assert node.stop() == 0
+        assert not os.path.exists(node.folder)
+        assert [n for n in os.listdir(segments.SHM_DIR) if n.startswith(segments.daemon_prefix(where["pid"]))] == []
+
+        killed = NodeDaemon(serve_options(tiny_root, 4, size=32, workers=1))
+        where = killed.start()
+        prefix = segments.daemon_prefix(where["pid"])
+        assert [n for n in os.listdir(segments.SHM_DIR) if n.startswith(prefix)]
+        os.kill(where["pid"], signal.SIGKILL)
+        assert killed.stop() == -signal.SIGKILL
+        assert [n for n in os.listdir(segments.SHM_DIR) if n.startswith(prefix)] == []
+        assert not os.path.exists(killed.folder)
+    finally:
+        tempfile.tempdir = None
