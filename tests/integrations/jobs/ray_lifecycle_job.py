@@ -58,6 +58,7 @@ def main() -> None:
                 raise KeyboardInterrupt
         except KeyboardInterrupt:
             rec["interrupted"] = {"daemon_gone": _gone(first["pid"], 5.0), "socket": first["socket"],
+                                  "ring": first["ring"],
                                   "socket_left": os.path.exists(first["socket"]),
                                   "folder_left": os.path.exists(os.path.dirname(first["socket"])),
                                   "ring_left": os.path.exists(first["ring"])}
