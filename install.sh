@@ -23,7 +23,7 @@ fi
 
 PY=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 LOCK=requirements/lock-py$PY.txt
-EXTRAS='dev,redis,dali,integrations'
+EXTRAS='dev,redis,dali,integrations,ray'
 
 if [ "${1:-}" = "--lock" ]; then
   # Refresh the lock: a fresh venv, the newest releases setup.cfg's ranges allow, frozen.

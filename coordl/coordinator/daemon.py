@@ -99,15 +99,11 @@ class Daemon:
     """`Daemon(config).run()` serves until stopped; see the module docstring."""
 
     def __init__(self, config: ServeConfig) -> None:
-        from coordl.datasets.base import describe, from_import_path, require_fingerprint
+        from coordl.datasets.base import describe, require_fingerprint
         from coordl.datasets.caching import cache_for
-        from coordl.datasets.imagefolder import ImageFolder
 
         self.config = config
-        folder = from_import_path(config.dataset, config.dataset_args, config.seed, config.on_error) \
-            if config.dataset else ImageFolder(config.data, transform=config.transform, size=config.image_size,
-                                               seed=config.seed, on_error=config.on_error,
-                                               storage_options=config.storage_options)
+        folder = served_dataset(config)
         what = f"coordl serve --dataset {config.dataset}" if config.dataset else f"coordl serve --data {config.data}"
         require_fingerprint(folder, what)
         self.served = folder.served_as()  # (where, transform or class path, size) as Hellos name it
@@ -565,6 +561,18 @@ class Daemon:
             "cache": self.cache.stats() if self.cache is not None else None,
             "jobs": [self.scheduler.job_status(j, now) for j in self.scheduler.jobs.values()],
         }
+
+
+def served_dataset(config: ServeConfig) -> Any:
+    """The dataset a daemon of `config` serves, as a job builds it to attach (same samples): the
+    ImageFolder of --data, or the --dataset class built with --dataset-args, --seed, --on-error."""
+    from coordl.datasets.base import from_import_path
+    from coordl.datasets.imagefolder import ImageFolder
+
+    if config.dataset:
+        return from_import_path(config.dataset, config.dataset_args, config.seed, config.on_error)
+    return ImageFolder(config.data, transform=config.transform, size=config.image_size, seed=config.seed,
+                       on_error=config.on_error, storage_options=config.storage_options)
 
 
 def _refuse_live_socket(path: str) -> None:
