@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from coordl import names
-from coordl.coordinator.config import ServeConfig, default_socket_path
+from coordl.coordinator.config import ServeConfig, check_cuda_devices, default_socket_path
 from coordl.errors import CoordlError
 
 _SOCKET_HELP = f"Unix socket path (default {default_socket_path()})."
@@ -108,7 +108,7 @@ def serve_cmd(data, batch_size, transform, size, epochs, seed, workers, cache_by
                          drop_last=drop_last, on_error=on_error, backend=backend,
                          dali_device=dali_device, **extra)
     if config.dali_device == "gpu":
-        _check_cuda_devices()
+        check_cuda_devices()
     daemon = Daemon(config)  # scans the dataset here, so its errors reach this terminal
     if detach:
         _detach(daemon)
@@ -128,23 +128,6 @@ def _dataset_options(dataset_class: str | None, dataset_args: str | None) -> dic
         raise click.BadParameter(f"{dataset_args!r} is not JSON ({e}): pass an object such as "
                                  "'{\"root\": \"/data/x\"}'", param_hint="--dataset-args") from None
     return {"dataset": dataset_class, "dataset_args": args}
-
-
-def _check_cuda_devices() -> None:
-    """Refuse --dali-device gpu where DALI sees no CUDA device. Asked in a child process: CUDA
-    initialized in the daemon would not survive the fork of its prep workers."""
-    import subprocess
-
-    probe = "from nvidia.dali.backend import GetCUDADeviceCount as n; print(int(n()))"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    count = done.stdout.strip()
-    if done.returncode != 0 or not count.isdigit():
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CoordlError(f"--dali-device gpu: cannot ask DALI for CUDA devices ({last}): check the "
-                          "NVIDIA DALI install (pip install coordl[dali]), or use --dali-device cpu")
-    if int(count) == 0:
-        raise CoordlError("--dali-device gpu, but DALI sees no CUDA device (no GPU, no NVIDIA driver, "
-                          "or CUDA_VISIBLE_DEVICES hides them): use --dali-device cpu")
 
 
 def _announce(daemon) -> None:

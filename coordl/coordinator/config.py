@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import stat
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 from coordl import names
-from coordl.errors import ConfigError, CoordinatorError
+from coordl.errors import ConfigError, CoordinatorError, CoordlError
 
 _SUN_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un.sun_path, less the NUL)
 BACKENDS, DALI_DEVICES = names.BACKENDS, names.DALI_DEVICES  # (coordl/names.py; backends: workers.py)
@@ -140,3 +142,18 @@ class ServeConfig:
 
             raise ConfigError(f"--backend dali needs NVIDIA DALI, which is not installed: "
                               f"{INSTALL_HINT}, or leave --backend unset for the CPU pipeline")
+
+
+def check_cuda_devices() -> None:
+    """Refuse --dali-device gpu where DALI sees no CUDA device. Asked in a child process: CUDA
+    initialized in the daemon would not survive the fork of its prep workers."""
+    probe = "from nvidia.dali.backend import GetCUDADeviceCount as n; print(int(n()))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    count = done.stdout.strip()
+    if done.returncode != 0 or not count.isdigit():
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CoordlError(f"--dali-device gpu: cannot ask DALI for CUDA devices ({last}): check the "
+                          "NVIDIA DALI install (pip install -e '.[dali]' from a clone), or use --dali-device cpu")
+    if int(count) == 0:
+        raise CoordlError("--dali-device gpu, but DALI sees no CUDA device (no GPU, no NVIDIA driver, "
+                          "or CUDA_VISIBLE_DEVICES hides them): use --dali-device cpu")

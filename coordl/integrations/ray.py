@@ -231,9 +231,9 @@ def _serve_main() -> None:
     try:
         config = ServeConfig(**fields)
         if config.dali_device == "gpu":
-            from coordl.cli.serve import _check_cuda_devices
+            from coordl.coordinator.config import check_cuda_devices
 
-            _check_cuda_devices()
+            check_cuda_devices()
         daemon = Daemon(config)  # scans the dataset: its errors, in words, before it listens
     except CoordlError as e:
         print(f"coordl serve: error: {e}", file=sys.stderr, flush=True)
