@@ -14,7 +14,8 @@ A `tested-by` test must exist (checked here). Servers: a page in SERVERS gets it
 test on free loopback ports (moto for s3://, gcp-storage-emulator for gs://); the page's literal
 ports (5000, 9023, 6390-6399) are replaced by free ports before it runs, so a page that starts a
 cache node (`coordl cache-node start --port 6390`) starts it on a free port, and the test stops it
-afterwards whatever happened. The Redis on 6379 is never used. Each page gets a shared-memory folder
+afterwards whatever happened. TMPDIR is a folder of the test's own (a cache node's pid and log files
+go there). The Redis on 6379 is never used. Each page gets a shared-memory folder
 of its own (COORDL_SHM_DIR), emptied with `coordl cache drop --all` and removed afterwards.
 """
 
@@ -169,8 +170,9 @@ def test_page_runs_as_written(page, tmp_path):
     shm_dir = os.path.join(os.environ["COORDL_SHM_DIR"], f"docs-{os.getpid()}")
     os.makedirs(shm_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MOTO_", "PYTEST_"))}
+    (tmp_path / "tmp").mkdir()  # TMPDIR: what a page leaves in the temporary folder goes with tmp_path
     env.update(PATH=BIN + os.pathsep + os.environ["PATH"], COORDL_SHM_DIR=shm_dir, PYTHONUNBUFFERED="1",
-               MPLBACKEND="Agg")
+               MPLBACKEND="Agg", TMPDIR=str(tmp_path / "tmp"))
     servers = _start_servers(page, ports)
     try:
         proc = subprocess.run([sys.executable, "-c", _driver(page, runnable)], cwd=tmp_path, env=env,
@@ -182,7 +184,7 @@ def test_page_runs_as_written(page, tmp_path):
         for old, p in ports.items():  # a cache node the page started and did not stop (a failed block)
             if old.startswith("639"):
                 subprocess.run([os.path.join(BIN, "coordl"), "cache-node", "stop", "--port", str(p)],
-                               capture_output=True, timeout=60)
+                               env=env, capture_output=True, timeout=60)
         for s in servers:
             _stop(s)
         subprocess.run([os.path.join(BIN, "coordl"), "cache", "drop", "--all"], env=env, capture_output=True,
