@@ -161,7 +161,7 @@ def test_page_runs_as_written(page, tmp_path):
     with open(os.path.join(DOCS, page)) as f:
         text = f.read()
     runnable = [b for b in blocks(text) if b["lang"] in RUN and b["directive"] is None]
-    installs = [b["line"] for b in runnable if "pip install" in b["code"]]
+    installs = [b["line"] for b in runnable if re.search(r"^\s*(\S*python3? -m )?pip3? install", b["code"], re.M)]
     assert not installs, f"docs/{page}: blocks at lines {installs} install packages: mark them docs-test: skip"
     if not runnable:
         pytest.skip(f"docs/{page} has no block to run")
