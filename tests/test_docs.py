@@ -221,16 +221,41 @@ def test_every_page_is_linked_from_the_readme():
     assert not missing, f"README.md links no docs/ page {missing}"
 
 
+def _anchors(text: str) -> set[str]:
+    """The anchors GitHub makes of a page's headings (lower case, punctuation dropped, spaces -> -)."""
+    text = FENCE.sub("", text)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
 def test_links_between_pages_resolve():
-    """Relative links of README.md and docs/*.md name files that exist."""
+    """Relative links of README.md and docs/*.md name files that exist, and #anchors headings there."""
     for name in ["README.md"] + [f"docs/{p}" for p in pages()]:
         with open(os.path.join(REPO, name)) as f:
             text = f.read()
         base = os.path.dirname(os.path.join(REPO, name))
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)]*))?\)", text):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            assert os.path.exists(os.path.join(base, target)), f"{name}: link to {target} (no such file)"
+            path = os.path.join(base, target) if target else os.path.join(REPO, name)
+            assert os.path.exists(path), f"{name}: link to {target} (no such file)"
+            if anchor and path.endswith(".md"):
+                with open(path) as f:
+                    assert anchor in _anchors(f.read()), f"{name}: link to {target}#{anchor} (no such heading)"
+
+
+def test_results_page_cites_every_file_in_bench_results():
+    """docs/results.md names every file of bench/results/ (an uncited result is removed, not kept),
+    and every bench/results/ path it names exists."""
+    with open(os.path.join(DOCS, "results.md")) as f:
+        text = f.read()
+    folder = os.path.join(REPO, "bench", "results")
+    uncited = [n for n in sorted(os.listdir(folder))
+               if f"bench/results/{n}" not in text and f"`{n}`" not in text]
+    assert not uncited, f"docs/results.md does not cite {uncited}"
+    missing = [p for p in set(re.findall(r"bench/results/[\w.-]+\.\w+", text))
+               if not os.path.exists(os.path.join(REPO, p))]
+    assert not missing, f"docs/results.md cites {missing}, which do not exist"
 
 
 def test_no_extra_that_fails_from_a_clone():
@@ -262,3 +287,30 @@ def test_block_parser():
     assert [(b["lang"], b["line"], b["directive"]) for b in got] == [
         ("python", 3, ("skip", "(needs a GPU)")), ("bash", 7, None), ("text", 10, None)]
     assert got[1]["code"] == "echo hi\n"
+
+
+def _layout_paths() -> list[str]:
+    with open(os.path.join(DOCS, "layout.md")) as f:
+        return re.findall(r"^- `([^`]+)` — ", f.read(), re.M)
+
+
+def test_layout_names_only_paths_that_exist():
+    paths = _layout_paths()
+    assert len(paths) > 10
+    missing = [p for p in paths if not os.path.exists(os.path.join(REPO, p))]
+    assert not missing, f"docs/layout.md names {missing}, which do not exist: update the page"
+    assert all(os.path.isdir(os.path.join(REPO, p)) == p.endswith("/") for p in paths), "folders end with /"
+
+
+def test_layout_names_every_package_folder():
+    """Every package folder (a folder with an __init__.py) of coordl/, cache/ and pipelines/ has its line."""
+    named = set(_layout_paths())
+    packages = []
+    for top in ("coordl", "cache", "pipelines"):
+        for folder, dirs, files in os.walk(os.path.join(REPO, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            if "__init__.py" in files:
+                packages.append(os.path.relpath(folder, REPO) + "/")
+    assert len(packages) >= 3
+    unnamed = sorted(set(packages) - named)
+    assert not unnamed, f"docs/layout.md has no line for {unnamed}: add one (`path/` — what it holds)"

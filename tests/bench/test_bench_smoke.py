@@ -240,7 +240,7 @@ def test_committed_results_name_no_machine_and_no_tracker():
         assert not TRACKER.search(text), f"{name} refers to a tracker: {TRACKER.search(text).group(0)!r}"
 
 
-READMES = ("README.md", "bench/README.md", "bench/results/README.md", "bench/experiments/README.md")
+READMES = ("README.md", "docs/results.md", "bench/README.md", "bench/results/README.md", "bench/experiments/README.md")
 
 
 def test_cited_bench_files_exist():
