@@ -43,7 +43,7 @@ PORT = re.compile(r"(?:(?<=:)|(?<=--port )|(?<=-p ))(5000|9023|639\d)(?!\d)")
 #: pages that need servers the test starts (and so run in the slow tier), and pages whose run is
 #: costly (a daemon, a framework, a profile): the fast tier keeps to a few seconds a page.
 SERVERS = {"object-storage.md": ("moto", "gcs")}
-SLOW = {"object-storage.md", "partitioned-cache.md", "coordinator.md", "profiler.md", "integrations.md",
+SLOW = {"object-storage.md", "partitioned-cache.md", "coordinator.md", "profiler.md", "integrations.md", "gpu-prep.md",
         "resume.md", "webdataset.md"}
 #: seconds a page may run (a hang fails the test instead of the suite)
 TIMEOUT = 300
@@ -76,7 +76,7 @@ def _driver(page: str, runnable: list[dict]) -> str:
     """The script of one page: python blocks exec'd in one namespace, bash blocks in bash."""
     parts = ["import subprocess, sys, time", "ns = {'__name__': '__main__'}", "t0 = time.monotonic()"]
     for b in runnable:
-        where = f"docs/{page}:{b['line']}"
+        where = f"{page if page == 'README.md' else 'docs/' + page}:{b['line']}"
         if b["lang"] == "python":
             parts.append(f"print({('--- ' + where)!r}, f'{{time.monotonic() - t0:.1f}} s', flush=True)")
             parts.append(f"exec(compile({b['code']!r}, {where!r}, 'exec'), ns)")
@@ -160,6 +160,37 @@ def _params():
 def test_page_runs_as_written(page, tmp_path):
     with open(os.path.join(DOCS, page)) as f:
         text = f.read()
+    _run_page(page, text, tmp_path)
+
+
+def test_the_readme_first_example_runs_as_written(tmp_path):
+    """The README's "A first example" blocks, from a folder where `.venv` is this venv (as in a clone)."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    section = text[text.index("## A first example"):]
+    section = section[:section.index("\n## ", 1)]
+    os.symlink(sys.prefix, tmp_path / ".venv")
+    _run_page("README.md", section, tmp_path)
+
+
+def test_the_readme_keeps_its_two_commands_and_five_minutes():
+    """Lines 3-6 are the two commands (.ci/run runs the second), and the README stays short."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        lines = f.read().splitlines()
+    assert lines[2:6] == [
+        "```bash",
+        "bash install.sh && .venv/bin/coordl demo      # install, make a small JPEG dataset, load it with coordl "
+        "and with torch, compare",
+        "bash install.sh && .venv/bin/pytest -n 2      # install and run the whole test suite on 2 cores (CI runs "
+        "this, with .ci/typecheck between)",
+        "```"]
+    assert len(lines) <= 300
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        ci = f.read()
+    assert "bash install.sh && .ci/typecheck && .venv/bin/pytest -n 2" in ci
+
+
+def _run_page(page: str, text: str, tmp_path) -> None:
     runnable = [b for b in blocks(text) if b["lang"] in RUN and b["directive"] is None]
     installs = [b["line"] for b in runnable if re.search(r"^\s*(\S*python3? -m )?pip3? install", b["code"], re.M)]
     assert not installs, f"docs/{page}: blocks at lines {installs} install packages: mark them docs-test: skip"
