@@ -148,6 +148,28 @@ def _stop(server) -> None:
             proc.wait(timeout=10)
 
 
+def _stop_daemon(sock: str, env: dict) -> None:
+    """SIGTERM the coordinator daemon listening on `sock` (its pid from `coordl status --json`), and
+    wait until it is gone."""
+    import json
+    import signal
+    import time
+
+    out = subprocess.run([os.path.join(BIN, "coordl"), "status", "--socket", sock, "--json"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        return  # nothing listens there any more
+    pid = json.loads(out.stdout)["pid"]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+
+
 def _params():
     out = []
     for page in pages():
@@ -218,6 +240,8 @@ def _run_page(page: str, text: str, tmp_path) -> None:
                                env=env, capture_output=True, timeout=60)
         for s in servers:
             _stop(s)
+        for sock in tmp_path.glob("*.sock"):  # a `coordl serve --detach` the page started and a failure left
+            _stop_daemon(str(sock), env)
         subprocess.run([os.path.join(BIN, "coordl"), "cache", "drop", "--all"], env=env, capture_output=True,
                        timeout=60)
         shutil.rmtree(shm_dir, ignore_errors=True)
