@@ -26,6 +26,14 @@ cross-check) and the epoch time.
   reflect a disk-bound job. Before every run the dataset's pages are dropped
   from the page cache (``posix_fadvise(DONTNEED)`` on every file).
 
+Dataset size: the memory limit leaves the page cache f x D plus the slack
+(--slack-mib, 32 MiB), so the dataset must be well above what that lets the
+page cache hold, or the page cache holds (nearly) all of it and looks better
+than MinIO: the opposite of the result on a dataset larger than the cache's
+memory (a 60 MB set gives it). Needed: D >= 2 x slack / (1 - largest f), 256
+MiB for the defaults (`coordl make-dataset DIR --images 3000`: ~300 MiB); the
+bench prints a warning and notes it in OUT.md when the set is smaller.
+
 Needs root and cgroup v1 memory + blkio controllers; it says so and stops
 (page cache side) when they are missing. A tiny run: a small dataset,
 `--fractions 0.5 --epochs 2 --throttle-mbps 0`. Run it under the bench lock:
@@ -117,6 +125,27 @@ def _facts(args, ds) -> dict:
             "command": report.command()}
 
 
+def size_needed(fractions: list[float], slack_bytes: int) -> int:
+    """The smallest dataset (bytes) this comparison means something on: each run lets the page cache
+    hold f x D + slack, which must stay well below D at the largest f (twice the slack below it)."""
+    return int(2 * slack_bytes / (1 - max(fractions)))
+
+
+def size_warning(total: int, fractions: list[float], slack_bytes: int) -> str | None:
+    """The warning for a dataset too small for the comparison, or None."""
+    need = size_needed(fractions, slack_bytes)
+    if total >= need:
+        return None
+    f = max(fractions)
+    held = (f * total + slack_bytes) / MiB
+    return (f"WARNING: the dataset ({total / MiB:.1f} MiB) is too small for this comparison: each run lets the "
+            f"page cache hold f x dataset + the {slack_bytes / MiB:.0f} MiB slack ({held:.0f} "
+            f"MiB at f={f:.2f}), so it keeps most or all of the dataset and can read less than MinIO, the "
+            "opposite of the result on a dataset larger than the cache's memory. Use a dataset of at least "
+            f"{need / MiB:.0f} MiB (2 x slack / (1 - largest fraction)), e.g. `coordl make-dataset DIR --images "
+            f"{max(3000, int(need / (100 * 1024)) + 1)}` (~100 KiB per image).")
+
+
 def orchestrate(args) -> None:
     import coordl
 
@@ -124,6 +153,9 @@ def orchestrate(args) -> None:
     paths = [ds.manifest.path(i) for i in range(len(ds))]
     total = ds.manifest.total_bytes
     facts = _facts(args, ds)
+    too_small = size_warning(total, args.fractions, args.slack_mib * MiB)
+    if too_small:
+        print(f"bench: {too_small}", flush=True)
     problems = {c: cgroup.why_not(c, knob) for c, knob in
                 (("memory", "memory.limit_in_bytes"), ("blkio", "blkio.throttle.read_bps_device"))}
     if problems["memory"]:
@@ -177,7 +209,9 @@ def orchestrate(args) -> None:
                                     "transform": "train 224", "seed": args.seed,
                                     "throttle": f"{args.throttle_mbps} MiB/s on {throttle[0]}" if throttle
                                     else f"none ({problems['blkio'] or 'off'})",
-                                    "footprint_bytes": footprint, "slack_bytes": args.slack_mib * MiB},
+                                    "footprint_bytes": footprint, "slack_bytes": args.slack_mib * MiB,
+                                    "dataset_bytes_needed": size_needed(args.fractions, args.slack_mib * MiB),
+                                    "too_small": too_small},
               "runs": runs}
     report.write(args.out, result, markdown(result))
 
@@ -225,11 +259,17 @@ def markdown(r: dict) -> str:
               f"Machine: {r['cpu']}, {r['cpus']} CPUs, {r['memory_total'] / 2**30:.1f} GiB RAM, "
               f"kernel {r['kernel']}; python {r['python']}, torch {r['torch']}, numpy {r['numpy']}, "
               f"{r['pillow']}.", "", "Command:", "", "    " + r["command"], ""]
+    if s.get("too_small"):
+        lines += [f"**{s['too_small']}**", ""]
     return "\n".join(lines)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=(
+        "Dataset size: each run lets the page cache hold f x dataset + --slack-mib; on a smaller dataset "
+        "than 2 x slack / (1 - largest fraction) (256 MiB with the defaults) the page cache holds most of it "
+        "and the result is the opposite of a large dataset's: the bench warns. Use e.g. `coordl make-dataset "
+        "DIR --images 3000` (~300 MiB)."))
     ap.add_argument("--data", help="ImageFolder root (coordl make-dataset DIR ...)")
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     ap.add_argument("--epochs", type=int, default=4, help="epochs per run; the first fills the cache")
@@ -237,7 +277,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--throttle-mbps", type=float, default=100.0, help="storage read limit, MiB/s (0: none)")
-    ap.add_argument("--slack-mib", type=int, default=32, help="memory above the measured footprint")
+    ap.add_argument("--slack-mib", type=int, default=32, help="memory above the measured footprint (the page "
+                    "cache may use it too: the dataset must be >= 2 x slack / (1 - largest fraction))")
     ap.add_argument("--out", default="bench/results/minio", help="writes OUT.json and OUT.md")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--side", choices=SIDES + ("calibrate",), help=argparse.SUPPRESS)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import statistics
 import tempfile
@@ -143,6 +144,7 @@ def run_side(args, side: str, budget: int, files: list[str]) -> list[list[dict]]
             proc.terminate()
             proc.wait()
             proc.stdout.close()
+        shutil.rmtree(tmp, ignore_errors=True)  # the nodes' folder (their --dir)
     return rows
 
 
@@ -160,12 +162,13 @@ def local_reads(args) -> dict:
     items = list(range(min(len(ds), 640)))
     raws = [open(ds.manifest.path(i), "rb").read() for i in items]
     tmp = tempfile.mkdtemp(prefix="coordl-bench-redis-")
-    sock, port = os.path.join(tmp, "redis.sock"), _free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", sock,
-                             "--save", "", "--appendonly", "no", "--maxmemory", str(4 * sum(map(len, raws))),
-                             "--maxmemory-policy", "noeviction", "--dir", tmp], stdout=subprocess.DEVNULL)
-    minio = coordl.MinIOCache(2 * sum(map(len, raws)), name=f"bench-local-{os.getpid()}")
+    proc, minio = None, None
     try:
+        sock, port = os.path.join(tmp, "redis.sock"), _free_port()
+        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", sock,
+                                 "--save", "", "--appendonly", "no", "--maxmemory", str(4 * sum(map(len, raws))),
+                                 "--maxmemory-policy", "noeviction", "--dir", tmp], stdout=subprocess.DEVNULL)
+        minio = coordl.MinIOCache(2 * sum(map(len, raws)), name=f"bench-local-{os.getpid()}")
         from coordl.cache.partitioned import redisnode
         redisnode.wait_ready(f"redis://127.0.0.1:{port}/0", proc)
         tcp = coordl.PartitionedCache([f"redis://127.0.0.1:{port}/0"], 0).open(ds.fingerprint, len(ds))
@@ -198,9 +201,12 @@ def local_reads(args) -> dict:
         uds.close()
         return res
     finally:
-        minio.drop()
-        proc.terminate()
-        proc.wait()
+        if minio is not None:
+            minio.drop()
+        if proc is not None:
+            proc.terminate()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)  # the node's --dir and its unix socket
 
 
 # -- the table -------------------------------------------------------------------------

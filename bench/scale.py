@@ -6,10 +6,15 @@ Builds (once; kept unless --rebuild) a tree of --files tiny JPEGs in --classes
 folders: one ~3 KiB JPEG whose bytes are *copied* into every file (each file
 its own inode and data block, as a real dataset has; hard links would share
 one inode and make every cold `stat` hit the same cached inode). Then, each
-in a fresh process, cold (``sync; echo 3 > /proc/sys/vm/drop_caches`` before
-the process starts; without root the bench says it measured warm only) and
-warm (the best of two runs right after), in --rounds interleaved rounds
-(every row once per round; medians and per-round ratios to the stat loop):
+in a fresh process, warm (the best of two runs) and, only with
+--drop-page-cache, cold, in --rounds interleaved rounds (every row once per
+round; medians and per-round ratios to the stat loop).
+
+Cold figures need --drop-page-cache, as root: before each cold process the
+bench runs ``sync; echo 3 > /proc/sys/vm/drop_caches``, which empties the page
+cache, dentries and inodes of the WHOLE MACHINE (every other program's cached
+files too, not just this tree's). Without the flag it never writes there and
+reports warm figures only. The figures measured:
 
 - a torchvision-style scan (its make_dataset: os.walk + sorted names, no stat),
 - a plain Python loop: scandir + one stat per file,
@@ -139,6 +144,8 @@ def child(kind: str, root: str, store: str, threads: int) -> dict:
 
 
 def _drop_caches() -> bool:
+    """Empty the whole machine's page cache, dentries and inodes (root only). Called only under
+    --drop-page-cache: `main` never measures cold otherwise."""
     try:
         subprocess.run(["sync"], check=True)
         with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -361,6 +368,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", default=None, help="comma-separated start-up rows only (tv,stat,first,...; "
                     "serve: the daemon's start and `coordl status`): skips the loader and index figures")
+    ap.add_argument("--drop-page-cache", action="store_true",
+                    help="measure cold too: before each cold process run `sync; echo 3 > "
+                    "/proc/sys/vm/drop_caches`, which drops the page cache, dentries and inodes of the "
+                    "WHOLE MACHINE, not only this tree's (needs root; off by default: warm figures only)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=8, help=argparse.SUPPRESS)
@@ -372,10 +383,14 @@ def main() -> None:
     store = root + ".manifests"
     tree = build(root, a.files, a.classes)
     print(f"tree: {tree}", flush=True)
-    can_drop = _drop_caches()
-    res: dict = {"files": a.files, "classes": a.classes, "tree": tree,
-                 "cold": "echo 3 > /proc/sys/vm/drop_caches before each process" if can_drop
-                 else "not measured (drop_caches needs root)", "rows": {}}
+    can_drop = a.drop_page_cache and _drop_caches()
+    if a.drop_page_cache and not can_drop:
+        print("--drop-page-cache: /proc/sys/vm/drop_caches is not writable (needs root): warm figures only",
+              file=sys.stderr, flush=True)
+    cold_how = ("echo 3 > /proc/sys/vm/drop_caches before each process (--drop-page-cache)" if can_drop
+                else "not measured (needs --drop-page-cache, as root)" if not a.drop_page_cache
+                else "not measured (drop_caches needs root)")
+    res: dict = {"files": a.files, "classes": a.classes, "tree": tree, "cold": cold_how, "rows": {}}
     measure("first", root, store, 8, False)       # so that restart/rescan/sample find a manifest
     rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
     runs: dict = {key: {"cold": [], "warm": [], "scans": None} for key, *_ in rows}

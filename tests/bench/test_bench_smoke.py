@@ -110,6 +110,59 @@ def test_minio_vs_pagecache(root, tmp_path):
     assert 0 < second["storage_bytes"] < total
     assert all(e["cache_hits"] == 0 and e["storage_bytes"] == total for e in runs["pagecache"])
     assert "| 0.50 |" in r["md"]
+    # a set this small lets the page cache hold all of it: the bench says so, with the size it needs
+    assert "too small for this comparison" in r["stdout"] and "too small" in r["md"]
+    assert res["settings"]["dataset_bytes_needed"] == 2 * 32 * 2**20 / (1 - 0.5)
+
+
+def test_minio_vs_pagecache_says_the_dataset_size_it_needs():
+    help_text = subprocess.run([sys.executable, os.path.join(BENCH, "minio_vs_pagecache.py"), "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    assert "256 MiB with the defaults" in " ".join(help_text.split())
+    spec = importlib.util.spec_from_file_location("bench_minio", os.path.join(BENCH, "minio_vs_pagecache.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, BENCH)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(BENCH)
+    mib = 2**20
+    assert mod.size_needed([0.25, 0.5, 0.75], 32 * mib) == 256 * mib
+    assert mod.size_warning(300 * mib, [0.25, 0.5, 0.75], 32 * mib) is None  # the committed run's 299 MiB
+    assert "at least 256 MiB" in mod.size_warning(60 * mib, [0.25, 0.5, 0.75], 32 * mib)
+
+
+def test_scale_leaves_the_page_cache_alone_unless_asked(tmp_path):
+    """bench/scale.py drops the whole machine's page cache only with --drop-page-cache: without it
+    (even as root) no figure is cold, and --help says what the flag does."""
+    help_text = subprocess.run([sys.executable, os.path.join(BENCH, "scale.py"), "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    assert "--drop-page-cache" in help_text and "WHOLE MACHINE" in " ".join(help_text.split())
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "scale.py"), "--files", "40", "--classes", "4",
+                          "--rounds", "1", "--rows", "stat,first", "--root", str(tmp_path / "tree")],
+                         capture_output=True, text=True, timeout=240, check=True).stdout
+    rows = json.loads(out[out.index('{\n "rows"'):])["rows"]
+    assert sorted(rows) == ["first", "stat"]
+    assert all(r["cold_runs_s"] == [None] and r["cold_s"] is None and r["warm_s"] > 0 for r in rows.values())
+
+
+@pytest.mark.parametrize("args", [["--epochs", "2", "--throttle-mbps", "0", "--batch-size", "8", "--workers", "0"],
+                                  ["--local-reads", "--local-repeats", "1"]])
+def test_partitioned_leaves_nothing_in_tmp(tmp_path, args):
+    """bench/partitioned.py removes the folders it made for its redis-servers (in $TMPDIR)."""
+    data = str(tmp_path / "data")  # 500x375 JPEGs: half the set is over a node's 1 MiB minimum budget
+    make_dataset(data, images=32, classes=4, seed=7, workers=1, progress=False)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "partitioned.py"), "--data", data, *args,
+                           "--out", str(tmp_path / "part")], cwd=REPO, capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "part.json") as f:
+        res = json.load(f)
+    assert "local_reads" in res if "--local-reads" in args else sorted(res["sides"]) == ["minio", "none",
+                                                                                             "partitioned"]
+    assert os.listdir(tmp) == []
 
 
 def test_coordinator(root, tmp_path):
@@ -187,7 +240,7 @@ def test_committed_results_name_no_machine_and_no_tracker():
         assert not TRACKER.search(text), f"{name} refers to a tracker: {TRACKER.search(text).group(0)!r}"
 
 
-READMES = ("README.md", "bench/README.md", "bench/results/README.md", "bench/experiments/README.md")
+READMES = ("README.md", "docs/results.md", "bench/README.md", "bench/results/README.md", "bench/experiments/README.md")
 
 
 def test_cited_bench_files_exist():

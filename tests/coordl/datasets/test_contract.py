@@ -2,8 +2,9 @@
 __len__, fingerprint, read and prep gets counted stats, on_error, both caches, exact resume,
 rank shares, per-(seed, epoch, item) randomness, coordl.profile and `coordl serve --dataset`.
 
-The user dataset is the README's own example ("Write your own dataset"), taken from README.md
-and imported as the module `contract_example`, so the README's code is what is tested.
+The user dataset is the documentation's own example (docs/datasets.md, "Write your own dataset"),
+taken from the page and imported as the module `contract_example`, so the documented code is what
+is tested.
 """
 
 from __future__ import annotations
@@ -29,25 +30,25 @@ from coordl_tests_loaderhelp import batches_of, epoch_counts
 import coordl
 from coordl.datasets.base import from_import_path
 
-README = os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")
+PAGE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "datasets.md")
 COORDL = os.path.join(os.path.dirname(sys.executable), "coordl")
 N = 64  # items in the example's tar
 
 
-def readme_example() -> str:
-    """The first python block of the README section 'Write your own dataset'."""
-    with open(README) as f:
+def documented_example() -> str:
+    """The first python block of the section 'Write your own dataset' of docs/datasets.md."""
+    with open(PAGE) as f:
         text = f.read()
-    section = text[text.index("### Write your own dataset"):]
+    section = text[text.index("## Write your own dataset"):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory):
-    """The README's example as the importable module `contract_example` (its folder on sys.path, so
+    """The documented example as the importable module `contract_example` (its folder on sys.path, so
     a `coordl serve` with that folder on PYTHONPATH imports the same class), and its tar of N images."""
     folder = tmp_path_factory.mktemp("contract")
-    (folder / "contract_example.py").write_text(readme_example())
+    (folder / "contract_example.py").write_text(documented_example())
     spec = importlib.util.spec_from_file_location("contract_example", folder / "contract_example.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["contract_example"] = module
@@ -68,9 +69,9 @@ def _item_bytes(ds) -> int:
     return sum(size for _name, _offset, size in ds.items)
 
 
-def test_the_readme_example_runs(tmp_path):
+def test_the_documented_example_runs(tmp_path):
     script = tmp_path / "example.py"
-    script.write_text(readme_example())
+    script.write_text(documented_example())
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "images.tar")], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
