@@ -65,7 +65,7 @@ from .names import DALI_DEVICES, TRANSFORMS
 
 DEVICES = DALI_DEVICES  # (pipelines/names.py)
 LAYOUTS = ("CHW", "HWC")
-INSTALL_HINT = "pip install coordl[dali] (NVIDIA DALI, the CUDA 12 wheel nvidia-dali-cuda120)"
+INSTALL_HINT = "pip install -e '.[dali]' (NVIDIA DALI, the CUDA 12 wheel nvidia-dali-cuda120)"
 _DALI_ERRORS = (RuntimeError, IndexError, ValueError)
 #: formats DALI decodes from the file's bytes; Pillow decodes any other on the host
 DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP"})
@@ -366,7 +366,7 @@ class Prep:
         """Prepare one batch synchronously into `out` (n >= len(raws) rows, the recipe's layout).
 
         Kept samples fill out[0:len(kept)] in order; returns (kept positions, errors by
-        position). What the coordinator's prep workers call (see the README's DALI section).
+        position). What the coordinator's prep workers call (see docs/dali.md).
         """
         if self._flight:
             raise ConfigError("prep_into() with batches in flight: take() them first")

@@ -15,7 +15,7 @@ comes from memory, this server's own or a peer's.
 
 Reads of this server's own node go through Redis as well (loopback TCP, or a
 ``unix://`` URL), not through a second copy in a local MinIO segment: each
-item is held once, in one place, and the measured cost is small (README,
+item is held once, in one place, and the measured cost is small (docs/results.md,
 "Partitioned caching": a 64-item batch of ~102 KiB JPEGs is one MGET of ~7 ms
 over loopback TCP, a unix socket was no faster, MinIO views take ~1 ms; decoding
 the batch takes ~110 ms of one core).

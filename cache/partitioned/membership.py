@@ -114,7 +114,7 @@ def agree(client: Any, shown: str, names: Sequence[str], update: bool = False) -
         "depends on it; ranks with different lists would look for items on different nodes). If the "
         "cluster changed on purpose (a node added, removed or replaced), pass membership='update' on one "
         "rank between epochs, or run `coordl cache-node members --update URL...` with the new list "
-        "(README, 'Adding, removing or replacing a cache node')")
+        "(docs/partitioned-cache.md, 'Adding, removing or replacing a cache node')")
 
 
 def one_server_each(shown: Sequence[str], run_ids: Sequence[str | None]) -> None:

@@ -6,7 +6,7 @@
 redis-py's parser copies each value three times (hiredis: socket -> its read buffer
 -> the reader's buffer -> a bytes object); the pure-Python parser as often. For the
 ~100 KiB values of the partitioned cache those copies were a quarter of the process
-CPU per item (README, "Partitioned caching over a shaped network"). Here the
+CPU per item (docs/results.md, "Partitioned caching over a shaped network"). Here the
 RESP2 framing (``*N``, then ``$len`` + payload per value, ``$-1`` for a missing key)
 is read in small reads and each payload with ``recv_into`` straight into its own
 buffer; the values come back as read-only memoryviews. The buffers come from the process's

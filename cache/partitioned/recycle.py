@@ -8,7 +8,7 @@ Reading an MGET reply into a fresh ``np.empty`` per value made the kernel find a
 pages for each ~100 KiB value while it copied the socket's bytes in (and glibc gave them
 back after each batch): page faults were a third of a worker's extra CPU per remote item
 over the shaped network of bench/cluster.py, ~60 us of ~170 us per 117 KiB value
-(README, "Partitioned caching over a shaped network"). Buffers taken from a pool are
+(docs/results.md, "Partitioned caching over a shaped network"). Buffers taken from a pool are
 already mapped.
 
 A buffer is free when nothing but the pool refers to it: every memoryview of it (and any

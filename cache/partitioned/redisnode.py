@@ -118,7 +118,7 @@ class NodeConfig:
         if not is_loopback(self.bind) and not self.password:
             raise ConfigError(f"--bind {self.bind} listens beyond loopback without a password: anyone who "
                               "reaches the port could read and write the cache; pass --password-file FILE "
-                              "(and use TLS or a private network, see README 'Security')")
+                              "(and use TLS or a private network, see docs/partitioned-cache.md, 'Security')")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together: give the server's certificate and its key")
         if self.tls_ca is not None and self.tls_cert is None:

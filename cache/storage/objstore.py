@@ -271,7 +271,7 @@ class ObjectStore:
             self._fs_cls = fsspec.get_filesystem_class(self._protocol)
         except (ImportError, ValueError) as e:
             raise ConfigError(f"{self.url}: no filesystem for {self._protocol}:// ({self._redact(str(e))}): "
-                              f"install it (s3: pip install coordl[s3]; gs: gcsfs; az: adlfs)") from None
+                              f"install it (s3: pip install -e '.[s3]'; gs: gcsfs; az: adlfs)") from None
         self._fs_cls = _json_api_class(self._fs_cls, self._protocol, self._options)
         self._root = self._fs_cls._strip_protocol(self._url).rstrip("/")
         self._url_options = self._fs_cls._get_kwargs_from_urls(self._url)

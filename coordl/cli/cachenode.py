@@ -264,7 +264,7 @@ def members_cmd(urls: tuple[str, ...], update: bool, tls_ca: str | None, tls_cer
 
     Without --update it only reads, and fails when a node belongs to another list. With --update
     (between epochs, no job running) it writes URLS as the list of every node in it; the nodes
-    that stay keep their cached items (README, 'Adding, removing or replacing a cache node')."""
+    that stay keep their cached items (docs/partitioned-cache.md, 'Adding, removing or replacing a cache node')."""
     from coordl.cache.partitioned.cache import check_nodes
 
     redis = redisnode.redis_module()

@@ -163,7 +163,7 @@ def _write(flag: str, path: str, write) -> None:
 @click.option("--threads", type=int, default=None, help="torch threads of the training process (cpu).")
 @click.option("--json", "json_out", default=None, help="Write JSON here (its folder must exist).")
 @click.option("--plot", "plot_out", default=None,
-              help="Write a PNG of the what-if curves here (needs matplotlib: pip install coordl[profile]).")
+              help="Write a PNG of the what-if curves here (needs matplotlib: pip install -e '.[profile]').")
 @click.option("--validate", is_flag=True, help="Measure two predictions (another cache size, "
                                                "another worker count) and report the error.")
 @click.option("--repeats", type=int, default=1, show_default=True,

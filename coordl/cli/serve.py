@@ -78,7 +78,7 @@ def _size(ctx, param, value):
               help="A bad image: fail its batch in the jobs, or drop it from the batch.")
 @click.option("--backend", type=click.Choice(names.BACKENDS), default="cpu", show_default=True,
               help="What the prep workers decode and augment with: coordl's CPU pipeline, or "
-                   "NVIDIA DALI (pip install coordl[dali]); one DALI thread per worker.")
+                   "NVIDIA DALI (pip install -e '.[dali]'); one DALI thread per worker.")
 @click.option("--dali-device", type=click.Choice(names.DALI_DEVICES), default="cpu", show_default=True,
               help="With --backend dali: decode on the CPU, or with nvJPEG on the GPU (the first "
                    "CUDA_VISIBLE_DEVICES device).")

@@ -18,7 +18,7 @@ worker (`pipelines/dali.py` `Prep`, one DALI thread, HWC straight into the
 ring's rows). The pipeline is built in the worker at its first task, never
 in the daemon: DALI's threads do not survive fork. Both draw each item's
 crop and flip from `crop.item_rng(seed, epoch, item)`, so they crop the same
-boxes; their pixels differ only by the two resamplers (see the README).
+boxes; their pixels differ only by the two resamplers (see docs/gpu-prep.md and docs/dali.md).
 
 NOTE (lifecycle of a prep worker):
 - created by the daemon (`WorkerPool.start`, and `_spawn` again when one died);

@@ -229,7 +229,7 @@ class CoordlDataset(torch.utils.data.Dataset):
                     getattr(cls, base) is getattr(CoordlDataset, base):
                 raise ConfigError(f"{name} does not define `{method}`, which a coordl.CoordlDataset writes "
                                   f"(read(i) -> bytes from storage; prep(raw, i, epoch) -> sample): see "
-                                  "README 'Write your own dataset'")
+                                  "docs/datasets.md, 'Write your own dataset'")
 
     # -- what the base class puts around read and prep --
     def fetch(self, i: int) -> bytes | memoryview:

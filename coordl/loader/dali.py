@@ -42,7 +42,7 @@ from coordl.pipelines.dali import gpu_count  # noqa: F401 (coordl.loader.dali.gp
 
 
 def require_dali() -> None:
-    """Raise ConfigError with the install hint (``pip install coordl[dali]``) if DALI is missing."""
+    """Raise ConfigError with the install hint (``pip install -e '.[dali]'``) if DALI is missing."""
     dali.require()
 
 

@@ -206,7 +206,7 @@ def test_an_unfinished_epoch_then_a_full_one(tiny_root):
     next(it)
     it.close()
     assert sum(len(b[1]) for b in batches_of(loader)) == len(ds)
-    assert dali.INSTALL_HINT.startswith("pip install coordl[dali]")
+    assert dali.INSTALL_HINT.startswith("pip install -e '.[dali]'")
 
 
 def test_state_dict_mid_epoch_resumes_the_remaining_batches(tiny_root):

@@ -1,4 +1,4 @@
-"""Real Lightning and Accelerate (test-only dependencies, `pip install coordl[integrations]`)."""
+"""Real Lightning and Accelerate (test-only dependencies, `pip install -e '.[integrations]'`)."""
 
 from __future__ import annotations
 

@@ -189,5 +189,5 @@ def test_prep_refuses_misuse(bench_sample):
 
 def test_require_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # what an environment without DALI sees
-    with pytest.raises(ConfigError, match=r"pip install coordl\[dali\]"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[dali\]'"):
         dali.require()

@@ -190,7 +190,7 @@ def test_what_serve_refuses_for_the_dali_backend(monkeypatch, sockdir, tiny_root
         ServeConfig(data="/d", batch_size=4, backend="dali", dali_device="tpu")
     assert ServeConfig(data="/d", batch_size=4).backend == "cpu"  # the default
     monkeypatch.setitem(sys.modules, "nvidia", None)  # what Python does for a package not there
-    with pytest.raises(coordl.ConfigError, match=r"not installed: pip install coordl\[dali\]"):
+    with pytest.raises(coordl.ConfigError, match=r"not installed: pip install -e '\.\[dali\]'"):
         ServeConfig(data="/d", batch_size=4, backend="dali")
     monkeypatch.undo()
     from coordl.loader import dali as dali_loader
