@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import sys
 import textwrap
 
@@ -223,12 +224,16 @@ def _run_page(page: str, text: str, tmp_path) -> None:
     shm_dir = os.path.join(os.environ["COORDL_SHM_DIR"], f"docs-{os.getpid()}")
     os.makedirs(shm_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MOTO_", "PYTEST_"))}
-    (tmp_path / "tmp").mkdir()  # TMPDIR: what a page leaves in the temporary folder goes with tmp_path
+    # TMPDIR: a short folder of the test's own, removed after. Short: Python's multiprocessing puts
+    # the socket torch's workers pass shared-memory fds through in TMPDIR, and a unix socket's path
+    # has at most 107 bytes; under xdist's tmp_path (pytest-1NN/popen-gwN/...) it did not fit and
+    # the page's DataLoader hung waiting for its first batch.
+    tmpdir = tempfile.mkdtemp(prefix="docs-", dir="/tmp")
     env.update(PATH=BIN + os.pathsep + os.environ["PATH"], COORDL_SHM_DIR=shm_dir, PYTHONUNBUFFERED="1",
-               MPLBACKEND="Agg", TMPDIR=str(tmp_path / "tmp"))
+               MPLBACKEND="Agg", TMPDIR=tmpdir)
     servers = _start_servers(page, ports)
     try:
-        proc = subprocess.run([sys.executable, "-c", _driver(page, runnable)], cwd=tmp_path, env=env,
+        proc = subprocess.run([sys.executable, "-c", _driver(page, runnable)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 0, f"docs/{page} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
         if os.environ.get("DOCS_TEST_VERBOSE"):
@@ -245,6 +250,7 @@ def _run_page(page: str, text: str, tmp_path) -> None:
         subprocess.run([os.path.join(BIN, "coordl"), "cache", "drop", "--all"], env=env, capture_output=True,
                        timeout=60)
         shutil.rmtree(shm_dir, ignore_errors=True)
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def test_tested_by_names_an_existing_test():
