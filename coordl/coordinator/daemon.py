@@ -124,6 +124,7 @@ class Daemon:
         self.layout = Layout(config.slots, config.batch_size, self.spec.shape, self.spec.dtype)
         self.socket_path = config.socket
         self.conns: dict[int, _Conn] = {}
+        self._unflushed: dict[int, _Conn] = {}  # connections with replies queued this turn (by id)
         self.stop_reason: str | None = None
         self.detached = 0
         self.started_at = time.monotonic()
@@ -261,6 +262,7 @@ class Daemon:
             if now >= next_tick:
                 next_tick = now + _TICK
                 self._tick(now)
+            self._flush_all()
 
     def _deliver(self, replies: list[tuple[int, p.Message]]) -> None:
         for job_id, msg in replies:
@@ -447,8 +449,7 @@ class Daemon:
         elif isinstance(msg, p.Begin):
             self._reply(conn, self.scheduler.begin(conn.job, now))
         elif isinstance(msg, p.Next):
-            reply = self.scheduler.next(conn.job, now)
-            if reply is not None:
+            for reply in self.scheduler.ask(conn.job, now, msg.count):
                 self._reply(conn, reply)
         elif isinstance(msg, p.Release):
             self.scheduler.release(conn.job, msg.index, now)
@@ -478,10 +479,18 @@ class Daemon:
                                    job.start_epoch))
 
     def _send(self, conn: _Conn, msg: p.Message) -> None:
+        """Queue `msg`; the loop flushes every connection's replies once per turn (`_flush_all`),
+        so the replies of one turn (a Next's ready batches) leave in one write."""
         if conn.closing and not isinstance(msg, (p.Refused, p.Detached, p.ShuttingDown)):
             return
         conn.out += msg.encode()
-        self._flush(conn)
+        self._unflushed[id(conn)] = conn  # a closing one: _close writes what is left
+
+    def _flush_all(self) -> None:
+        unflushed, self._unflushed = self._unflushed, {}
+        for conn in unflushed.values():
+            if not conn.closing:
+                self._flush(conn)
 
     def _flush(self, conn: _Conn) -> None:
         try:

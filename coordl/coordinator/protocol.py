@@ -19,7 +19,9 @@ Who sends what (request -> reply):
                        Resume       -> Resumed | Refused         (before the first Begin: move
                                                                   to a checkpoint's batch)
                        Begin        -> EpochStart | Refused      (start the job's next epoch)
-                       Next         -> Ready | EndOfEpoch | BatchFailed (a `Failure`)
+                       Next(count)  -> count x (Ready | BatchFailed (a `Failure`)), in batch
+                                       order, each as its batch is ready; EndOfEpoch ends
+                                       them early at the epoch's end
                        Release      (no reply: the job is done with that batch's slot)
                        Pause        (no reply: the job gave up the rest of its epoch, its
                                      iterator dropped; it holds and needs nothing until Begin)
@@ -46,10 +48,12 @@ import msgpack
 
 from coordl.errors import ConfigError, CoordinatorError, SampleError, item_of
 
-VERSION = 6  # 3: Resume/Resumed; 4: BatchFailed carries a Failure; 5: sample specs, kind "config"; 6: Pause
+VERSION = 7  # 3: Resume/Resumed; 4: BatchFailed carries a Failure; 5: sample specs, kind "config"; 6: Pause;
+# 7: Next(count)
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 1024      # bytes of one frame the daemon accepts from a client
 MAX_REPLY = 4 * 1024 * 1024  # bytes of one frame a client accepts from the daemon
+MAX_NEXT = 2**20             # batches one Next may ask for
 
 
 class ProtocolError(CoordinatorError):
@@ -218,7 +222,14 @@ class Begin(Message):
 
 @dataclass(frozen=True)
 class Next(Message):
+    """The job's next `count` batches (a job of its own batch size asks for every chunk of a
+    batch at once: assemble.py); the daemon answers each in order as it is ready."""
     TYPE: ClassVar[str] = "next"
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= MAX_NEXT:
+            raise ProtocolError(f"next count {self.count} is not 1 to {MAX_NEXT}")
 
 
 @dataclass(frozen=True)
