@@ -164,8 +164,9 @@ class Scheduler:
             index += 1
 
     def _run_end(self, job: Job) -> int:
-        index = job.cursor
-        for index, _slot in self._run(job):
+        """The first batch after the job's run (its cursor when the run is empty)."""
+        index, in_ring = job.cursor, self.slots.by_index
+        while index in in_ring and job.needs(index):
             index += 1
         return index
 
@@ -311,13 +312,13 @@ class Scheduler:
 
     def to_prepare(self, now: float) -> tuple[int, int] | None:
         """(slot, batch) to prepare next, claimed; None when there is nothing to do now."""
+        slot = self.slots.free_slot()
+        if slot is None:  # the batch needed matters only to note when the ring became full
+            if self.full_since is None and self._next_needed() is not None:
+                self.full_since = now
+            return None
         index = self._next_needed()
         if index is None:
-            return None
-        slot = self.slots.free_slot()
-        if slot is None:
-            if self.full_since is None:
-                self.full_since = now
             return None
         self.next_batch = max(self.next_batch, index + 1)
         self.slots.claim(slot, index, self.plan.epoch_of(index))
@@ -326,7 +327,7 @@ class Scheduler:
 
     def _holders(self, index: int) -> set[int]:
         """The jobs whose run holds `index` (a job behind a gap gets it prepared again later)."""
-        return {j.id for j in self.jobs.values() if any(i == index for i, _ in self._run(j))}
+        return {j.id for j in self.jobs.values() if j.cursor <= index < self._run_end(j)}
 
     def published(self, slot: int, rows: int) -> list[tuple[int, p.Message]]:
         self.slots.publish(slot, rows, self._holders(self.slots.index[slot]))
