@@ -211,7 +211,7 @@ class Client:
             msgs.insert(0, p.Release(self._held))
             self._held = None
         if self._releases:
-            msgs[:0] = [p.Release(i) for i in self._releases]
+            msgs[:0] = _ranges(self._releases)
             self._releases.clear()
         if msgs:
             self.channel.send(*msgs)
@@ -439,6 +439,22 @@ class EpochIterator:
             client._held = reply.index
         self._asked = True
         return batch
+
+
+def _ranges(indices: list[int]) -> list[p.Message]:
+    """Releases of `indices` (in order), one per run of consecutive batches."""
+    out: list[p.Message] = []
+    first = count = 0
+    for i in indices:
+        if count and i == first + count:
+            count += 1
+            continue
+        if count:
+            out.append(p.Release(first, count))
+        first, count = i, 1
+    if count:
+        out.append(p.Release(first, count))
+    return out
 
 
 def _cut(items: int, welcome: p.Welcome, batch_size: int, drop_last: bool, on_error: str) -> Cut | None:

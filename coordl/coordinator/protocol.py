@@ -22,7 +22,7 @@ Who sends what (request -> reply):
                        Next(count)  -> count x (Ready | BatchFailed (a `Failure`)), in batch
                                        order, each as its batch is ready; EndOfEpoch ends
                                        them early at the epoch's end
-                       Release      (no reply: the job is done with that batch's slot)
+                       Release      (no reply: the job is done with those batches' slots)
                        Pause        (no reply: the job gave up the rest of its epoch, its
                                      iterator dropped; it holds and needs nothing until Begin)
                        Bye          (no reply: detach now)
@@ -34,6 +34,7 @@ Any request may also be answered by Refused (the daemon refused it and closes
 the connection: a message out of order, or one it failed on).
 """
 
+import dataclasses
 import functools
 import socket
 import struct
@@ -49,7 +50,7 @@ import msgpack
 from coordl.errors import ConfigError, CoordinatorError, SampleError, item_of
 
 VERSION = 7  # 3: Resume/Resumed; 4: BatchFailed carries a Failure; 5: sample specs, kind "config"; 6: Pause;
-# 7: Next(count)
+# 7: Next(count), Release(count)
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 1024      # bytes of one frame the daemon accepts from a client
 MAX_REPLY = 4 * 1024 * 1024  # bytes of one frame a client accepts from the daemon
@@ -236,6 +237,11 @@ class Next(Message):
 class Release(Message):
     TYPE: ClassVar[str] = "release"
     index: int         # global batch index (plan.py) the job is done with
+    count: int = 1     # ... and the count - 1 batches after it
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= MAX_NEXT:
+            raise ProtocolError(f"release count {self.count} is not 1 to {MAX_NEXT}")
 
 
 @dataclass(frozen=True)
@@ -443,7 +449,7 @@ def decode(body: bytes, accepted: dict[str, type[M]]) -> M:
     if cls is None:
         raise ProtocolError(f"message type {kind!r} is not one of {sorted(accepted)}")
     schema = _schema(cls)
-    if data.keys() != schema.keys():
+    if not _required(cls) <= data.keys() <= schema.keys():  # a field with a default may be left out
         raise ProtocolError(f"{kind!r} message has fields {sorted(map(str, data))}, "
                             f"expected {sorted(schema)}")
     for name, value in data.items():
@@ -457,6 +463,12 @@ def decode(body: bytes, accepted: dict[str, type[M]]) -> M:
 def _schema(cls: type[Message]) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields(cls)}
+
+
+@functools.cache
+def _required(cls: type[Message]) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls)
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 
 
 class FrameReader(Generic[M]):
