@@ -9,9 +9,15 @@ epoch, i.e. the same items, augmentation and labels as a local
 of an epoch does not depend on the batch size, and an item's augmentation is
 a function of (seed, epoch, item) only. `Cut` is that arithmetic (pure);
 `AssembledEpoch` copies the rows of one or more consecutive chunks into a
-batch of the job's own and releases each chunk as soon as its rows are
-copied, so a job holds at most one chunk whatever B is, and the ring bounds
-how far the fastest job runs ahead of the slowest (K chunks: K * C samples).
+batch of the job's own (`OutputBuffers`: one copy per chunk piece, into memory
+reused once the user has let go of a batch) and releases each chunk once its
+rows are copied: with its next message, and always before it waits for the
+daemon, so a job never waits holding a chunk it is done with, whatever B is,
+and the ring bounds how far the fastest job runs ahead of the slowest (K
+chunks: K * C samples). It asks for a batch's chunks with one Next(count), a
+batch ahead; those chunks are its anyway (the daemon holds every published
+chunk for each job that needs it, scheduler.py), so asking ahead holds no
+more of the ring.
 
 Resume counts samples: a state saved after k batches of B resumes at plan
 position k*B, i.e. chunk k*B // C and the rows of it past k*B % C (`start`).

@@ -71,7 +71,7 @@ from .config import ServeConfig, private_dir
 from .hello import mismatch
 from .plan import Plan
 from .ring import Layout, Ring, SlotTable
-from .scheduler import Scheduler
+from .scheduler import Job, Scheduler
 from .spec import served_spec
 from .workers import TaskCounters, WorkerPool
 
@@ -586,14 +586,14 @@ class Daemon:
             "jobs": [self._job_status(j, now) for j in self.scheduler.jobs.values()],
         }
 
-
-    def _job_status(self, job, now: float) -> dict:
+    def _job_status(self, job: Job, now: float) -> dict:
         """A job's line of `status`: the scheduler's, and the messages it sent and the writes it
         was answered with (counted per connection: a job of its own batch size sends about two
         messages per batch and gets about one write, not one per chunk of the daemon's)."""
         conn = self._conn_of(job.id)
         return {**self.scheduler.job_status(job, now), "messages": conn.received if conn else 0,
                 "writes": conn.writes if conn else 0}
+
 
 
 def _refuse_live_socket(path: str) -> None:
