@@ -422,6 +422,8 @@ FROM_WORKER = _registry(PrepDone, PrepFailed)
 def _fits(value: object, tp: Any) -> bool:
     """Whether `value` (decoded msgpack) is of the field type `tp`; a ``dict[...]`` field is checked
     as a map only (its keys and values are not looked at)."""
+    if tp is int:  # most fields: checked first (a bool is not one)
+        return type(value) is int and -2**63 <= value < 2**63
     if isinstance(tp, types.UnionType):
         return any(_fits(value, t) for t in typing.get_args(tp))
     if typing.get_origin(tp) is dict:
@@ -431,8 +433,6 @@ def _fits(value: object, tp: Any) -> bool:
     if typing.get_origin(tp) is list:
         (item,) = typing.get_args(tp)
         return _is_array(value) and all(_fits(v, item) for v in value)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
     return isinstance(value, tp)
 
 
