@@ -26,8 +26,8 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -233,8 +233,8 @@ def _run_page(page: str, text: str, tmp_path) -> None:
                MPLBACKEND="Agg", TMPDIR=tmpdir)
     servers = _start_servers(page, ports)
     try:
-        proc = subprocess.run([sys.executable, "-c", _driver(page, runnable)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=TIMEOUT)
+        proc = subprocess.run([sys.executable, "-c", _driver(page, runnable)], cwd=tmp_path, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 0, f"docs/{page} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
         if os.environ.get("DOCS_TEST_VERBOSE"):
             print(proc.stdout)

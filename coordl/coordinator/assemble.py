@@ -9,9 +9,15 @@ epoch, i.e. the same items, augmentation and labels as a local
 of an epoch does not depend on the batch size, and an item's augmentation is
 a function of (seed, epoch, item) only. `Cut` is that arithmetic (pure);
 `AssembledEpoch` copies the rows of one or more consecutive chunks into a
-batch of the job's own and releases each chunk as soon as its rows are
-copied, so a job holds at most one chunk whatever B is, and the ring bounds
-how far the fastest job runs ahead of the slowest (K chunks: K * C samples).
+batch of the job's own (`OutputBuffers`: one copy per chunk piece, into memory
+reused once the user has let go of a batch) and releases each chunk once its
+rows are copied: with its next message, and always before it waits for the
+daemon, so a job never waits holding a chunk it is done with, whatever B is,
+and the ring bounds how far the fastest job runs ahead of the slowest (K
+chunks: K * C samples). It asks for a batch's chunks with one Next(count), a
+batch ahead; those chunks are its anyway (the daemon holds every published
+chunk for each job that needs it, scheduler.py), so asking ahead holds no
+more of the ring.
 
 Resume counts samples: a state saved after k batches of B resumes at plan
 position k*B, i.e. chunk k*B // C and the rows of it past k*B % C (`start`).
@@ -23,11 +29,13 @@ the daemon's need on_error="raise" (client.py checks it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from coordl.buffers import use_count
 from coordl.errors import CoordinatorError
 
 from . import protocol as p
@@ -78,8 +86,60 @@ class _Chunk:
     failure: p.BatchFailed | None = None
 
 
+class OutputBuffers:
+    """The memory a job's batches are copied into, reused once the job has let go of a batch.
+
+    A fresh tensor of a batch's size is fresh pages from the kernel every time (for
+    224x224 images a batch of 64 is ~9.6 MB: the kernel zeroes each page and the copy takes
+    a fault on each), which costs more CPU than the copy itself. So a job keeps up to
+    `slots` buffers and makes a batch in one that nothing else in this process refers to
+    (the storage's use count is 1: no tensor or view of an earlier batch is alive), as
+    coordl/loader/devpool.py does on a device. A batch the user keeps (a list of batches, a
+    framework fetching ahead) keeps its buffer; when every buffer is in use the batch gets a
+    fresh tensor, counted in `misses`: memory is bounded by `slots` buffers plus what the
+    user keeps. Pinned buffers (pin_memory=True with an accelerator) are kept apart.
+    """
+
+    def __init__(self, slots: int = 3) -> None:
+        self.slots = slots
+        self.misses = 0
+        self._buffers: dict[bool, list[torch.UntypedStorage]] = {False: [], True: []}
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
+        """A contiguous tensor of `shape` and `dtype` to copy a batch into (its contents undefined)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        buffers = self._buffers[pin]
+        for n, buf in enumerate(buffers):
+            if use_count(buf) == 1:
+                if buf.nbytes() < nbytes:  # a bigger batch than the buffer was made for
+                    buffers[n] = buf = _new_buffer(nbytes, pin)
+                return _view(buf, shape, dtype)
+        if len(buffers) < self.slots:
+            buffers.append(_new_buffer(nbytes, pin))
+            return _view(buffers[-1], shape, dtype)
+        self.misses += 1
+        return torch.empty(shape, dtype=dtype, pin_memory=pin)
+
+
+def _new_buffer(nbytes: int, pin: bool) -> torch.UntypedStorage:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin).untyped_storage()
+
+
+def _view(buf: torch.UntypedStorage, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype).set_(buf, 0, shape)  # pyright: ignore[reportCallIssue]
+
+
 class AssembledEpoch:
-    """One epoch of a job whose batches are cut from the daemon's chunks (module docstring)."""
+    """One epoch of a job whose batches are cut from the daemon's chunks (module docstring).
+
+    Messages: a batch's chunks are asked for with one Next(count), sent as the batch before
+    it is handed out (so they are usually in the socket when the loop asks), together with
+    the Releases of the chunks that batch used up; the daemon answers with the chunks that
+    are ready in one write. A job so sends one message and wakes about once per batch, not
+    per chunk. A Release waits for the job's next message, or goes at once when the job is
+    about to wait for the daemon: a job never waits holding a chunk it is done with (the
+    ring may be smaller than one of its batches).
+    """
 
     def __init__(self, client: Any, pin_memory: bool) -> None:
         """`client`: the job's coordinator/client.py `Client` (not imported: it imports this)."""
@@ -94,9 +154,11 @@ class AssembledEpoch:
         received = client._resumed_at
         self.position = Position(reply.epoch, received, self.cut.batches_per_epoch)
         self.batches = self.cut.batches_per_epoch - received
-        # the chunk the next Next brings, by its number in the epoch (resumed: the one holding the
+        # the chunk the next reply brings, by its number in the epoch (resumed: the one holding the
         # plan position of the job's next batch; its rows before that are skipped as positions)
         self._next_chunk = client.welcome.batches_per_epoch - reply.batches
+        self._asked = self._next_chunk  # chunks of the epoch asked for: those before this one
+        self._chunks = client.welcome.batches_per_epoch  # the daemon's chunks per epoch
         client._resumed_at, client._current = 0, self.position
         client.next_epoch = reply.epoch + 1
         self._chunk: _Chunk | None = None
@@ -113,10 +175,17 @@ class AssembledEpoch:
             self.done = True
             self.client._pause()
 
+    def _ask_through(self, k: int) -> None:
+        """Ask for every chunk up to the one holding the last row of the job's batch k (with the
+        Releases waiting to go, in one write)."""
+        last = (self.cut.span(k)[1] - 1) // self.cut.chunk
+        if last >= self._asked:
+            self.client._send([p.Next(last + 1 - self._asked)])
+            self._asked = last + 1
+
     def _fetch(self) -> _Chunk:
-        """The next chunk of the epoch, from the daemon (the one before released already)."""
+        """The next chunk of the epoch (asked for already), from the daemon."""
         client = self.client
-        client._send([p.Next()])
         reply = client._reply(client.timeout, f"a chunk of epoch {self.epoch}")
         lo, hi = self.cut.chunk_span(self._next_chunk)
         self._next_chunk += 1
@@ -133,7 +202,7 @@ class AssembledEpoch:
 
     def _done_with(self, chunk: _Chunk) -> None:
         if chunk.rows is not None:
-            self.client._release_now(chunk.index)
+            self.client._release_later(chunk.index)
         self._chunk = None
 
     def __next__(self):
@@ -143,9 +212,10 @@ class AssembledEpoch:
             raise StopIteration
         k = self.position.received
         lo, hi = self.cut.span(k)
-        spec = self.client.spec
-        samples = torch.empty((hi - lo, *spec.shape), dtype=getattr(torch, spec.dtype),
-                              pin_memory=self.pin_memory and torch.cuda.is_available())
+        self._ask_through(k)
+        client, spec = self.client, self.client.spec
+        samples = client.out.take((hi - lo, *spec.shape), getattr(torch, spec.dtype),
+                                  self.pin_memory and torch.cuda.is_available())
         labels, ids = torch.empty(hi - lo, dtype=torch.int64), torch.empty(hi - lo, dtype=torch.int64)
         failure: p.BatchFailed | None = None
         pos = lo
@@ -168,15 +238,18 @@ class AssembledEpoch:
             if pos >= chunk.hi:
                 self._done_with(chunk)
         self.position.received += 1
+        if self.position.received < self.position.total:
+            self._ask_through(k + 1)  # the next batch's chunks, with this one's Releases
+        client._send([])  # Releases that went with no Next (the next batch lies in a chunk in hand)
         if failure is not None:
-            self.client.failed_batches += 1
-            raise self.client._failure(failure, self.epoch)
-        self.client.batches += 1
-        self.client.samples += hi - lo
+            client.failed_batches += 1
+            raise client._failure(failure, self.epoch)
+        client.batches += 1
+        client.samples += hi - lo
         if spec.hwc:
             samples = samples.permute(0, 3, 1, 2)
         index = self.epoch * self.cut.batches_per_epoch + k  # the job's own batch number
-        return self.client._coordinated(samples, labels, ids, self.epoch, index)
+        return client._coordinated(samples, labels, ids, self.epoch, index)
 
     def _finish(self) -> None:
         """The job's last batch is out: let go of what is left of the epoch (a chunk in hand, and
@@ -185,12 +258,18 @@ class AssembledEpoch:
         if self.done:
             return
         self.done = self.position.done = True
+        client = self.client
         if self._chunk is not None:
             self._done_with(self._chunk)
         while True:
-            self.client._send([p.Next()])
-            reply = self.client._reply(self.client.timeout, f"the end of epoch {self.epoch}")
+            if self._next_chunk >= self._asked:  # nothing on its way: the tail and the end
+                count = max(1, self._chunks - self._asked + 1)
+                client._send([p.Next(count)])
+                self._asked += count
+            reply = client._reply(client.timeout, f"the end of epoch {self.epoch}")
             if isinstance(reply, p.EndOfEpoch):
+                client._send([])  # the tail's Releases
                 return
+            self._next_chunk += 1
             if isinstance(reply, p.Ready):
-                self.client._release_now(reply.index)
+                client._release_later(reply.index)

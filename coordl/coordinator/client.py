@@ -75,7 +75,7 @@ from coordl.epochs import resume
 from coordl.errors import ConfigError, CoordinatorError, SampleError
 
 from . import protocol as p
-from .assemble import AssembledEpoch, Cut, Position
+from .assemble import AssembledEpoch, Cut, OutputBuffers, Position
 from .channel import _Channel, status  # noqa: F401 (status: coordl.coordinator.client.status)
 from .config import parse_address
 from .ring import INDEX, Layout, Ring
@@ -141,7 +141,10 @@ class Client:
             self._samples = [torch.from_numpy(a) for a in self.ring.samples]
             self._labels = [torch.from_numpy(a) for a in self.ring.labels]
             self._ids = [torch.from_numpy(a) for a in self.ring.ids]
-        self._held: int | None = None
+        self._held: int | None = None  # the batch handed out last (a view of its slot): released at the next send
+        self._releases: list[int] = []  # batches done with (copied out): sent with the next message,
+        # or at once before this job waits for the daemon (`_reply`)
+        self.out = OutputBuffers()  # the memory of batches copied out of the ring (assemble.py)
         self.next_epoch = self.welcome.start_epoch  # the epoch the next iteration runs
         self.start_epoch = self.welcome.start_epoch  # the job's first epoch (a resumed one: saved)
         self._current: Position | None = None       # where the epoch under way is (for state_dict;
@@ -192,8 +195,8 @@ class Client:
     def _failure(reply: p.BatchFailed, epoch: int) -> Exception:
         return failure_error(reply, epoch)
 
-    def _release_now(self, index: int) -> None:
-        self._send([p.Release(index)])
+    def _release_later(self, index: int) -> None:
+        self._releases.append(index)
 
     def _check_pid(self) -> None:
         if self._fork.forked():
@@ -207,12 +210,17 @@ class Client:
         if self._held is not None:  # the user is done with the batch handed out last
             msgs.insert(0, p.Release(self._held))
             self._held = None
+        if self._releases:
+            msgs[:0] = _ranges(self._releases)
+            self._releases.clear()
         if msgs:
             self.channel.send(*msgs)
 
     def _reply(self, timeout: float | None, waiting_for: str, stale: tuple[type, ...] = ()) -> p.Message:
         """The next reply that is not of a `stale` kind; a refusal raises (and detaches)."""
         while True:
+            if self._releases and not self.channel.pending:  # about to wait: let go first
+                self._send([])
             reply = self.channel.recv(timeout, waiting_for)
             if isinstance(reply, p.Refused):
                 self.channel._close(reply.reason)
@@ -223,7 +231,7 @@ class Client:
     def _batch(self, ready: p.Ready, pin_memory: bool) -> CoordinatedBatch:
         samples, labels, ids = self._rows(ready)
         if pin_memory:
-            samples = _copy_out(samples)
+            samples = _copy_out(samples, self.out)
             labels, ids = labels.clone(), ids.clone()
         if self.spec.hwc:  # images: (B, N, N, 3) in the ring, (B, 3, N, N) to the job
             samples = samples.permute(0, 3, 1, 2)
@@ -332,6 +340,7 @@ class Client:
         if self._fork.forked() or not self._finalizer.alive:
             return
         self._held = None  # Pause lets go of every slot, the one in use included
+        self._releases.clear()
         try:
             self.channel.send(p.Pause())
         except (OSError, CoordinatorError):
@@ -432,6 +441,22 @@ class EpochIterator:
         return batch
 
 
+def _ranges(indices: list[int]) -> list[p.Message]:
+    """Releases of `indices` (in order), one per run of consecutive batches."""
+    out: list[p.Message] = []
+    first = count = 0
+    for i in indices:
+        if count and i == first + count:
+            count += 1
+            continue
+        if count:
+            out.append(p.Release(first, count))
+        first, count = i, 1
+    if count:
+        out.append(p.Release(first, count))
+    return out
+
+
 def _cut(items: int, welcome: p.Welcome, batch_size: int, drop_last: bool, on_error: str) -> Cut | None:
     """None when the job's batches are the daemon's chunks; else how to cut its own (assemble.py)."""
     daemon_drop_last = welcome.batches_per_epoch != -(-items // welcome.batch_size)
@@ -467,17 +492,18 @@ def failure_error(reply: p.BatchFailed, epoch: int) -> SampleError | ConfigError
 _warned_no_pin = False
 
 
-def _copy_out(images: torch.Tensor) -> torch.Tensor:
-    """One copy of a slot's samples into memory of their own: pinned when there is an accelerator."""
+def _copy_out(images: torch.Tensor, out: OutputBuffers) -> torch.Tensor:
+    """One copy of a slot's samples into memory of their own (reused from `out` once let go of):
+    pinned when there is an accelerator."""
     global _warned_no_pin
     pin = torch.cuda.is_available()
     if not pin and not _warned_no_pin:
         _warned_no_pin = True
         warnings.warn("pin_memory=True but no accelerator is found: batches are copied out of the "
                       "coordinator's ring into ordinary memory", stacklevel=4)
-    out = torch.empty(images.shape, dtype=images.dtype, pin_memory=pin)
-    out.copy_(images)
-    return out
+    copy = out.take(tuple(images.shape), images.dtype, pin)
+    copy.copy_(images)
+    return copy
 
 
 def _check_dataset(dataset, batch_size) -> None:

@@ -19,8 +19,10 @@ Who sends what (request -> reply):
                        Resume       -> Resumed | Refused         (before the first Begin: move
                                                                   to a checkpoint's batch)
                        Begin        -> EpochStart | Refused      (start the job's next epoch)
-                       Next         -> Ready | EndOfEpoch | BatchFailed (a `Failure`)
-                       Release      (no reply: the job is done with that batch's slot)
+                       Next(count)  -> count x (Ready | BatchFailed (a `Failure`)), in batch
+                                       order, each as its batch is ready; EndOfEpoch ends
+                                       them early at the epoch's end
+                       Release      (no reply: the job is done with those batches' slots)
                        Pause        (no reply: the job gave up the rest of its epoch, its
                                      iterator dropped; it holds and needs nothing until Begin)
                        Bye          (no reply: detach now)
@@ -32,6 +34,7 @@ Any request may also be answered by Refused (the daemon refused it and closes
 the connection: a message out of order, or one it failed on).
 """
 
+import dataclasses
 import functools
 import socket
 import struct
@@ -46,10 +49,12 @@ import msgpack
 
 from coordl.errors import ConfigError, CoordinatorError, SampleError, item_of
 
-VERSION = 6  # 3: Resume/Resumed; 4: BatchFailed carries a Failure; 5: sample specs, kind "config"; 6: Pause
+VERSION = 7  # 3: Resume/Resumed; 4: BatchFailed carries a Failure; 5: sample specs, kind "config"; 6: Pause;
+# 7: Next(count), Release(count)
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 1024      # bytes of one frame the daemon accepts from a client
 MAX_REPLY = 4 * 1024 * 1024  # bytes of one frame a client accepts from the daemon
+MAX_NEXT = 2**20             # batches one Next may ask for
 
 
 class ProtocolError(CoordinatorError):
@@ -218,13 +223,25 @@ class Begin(Message):
 
 @dataclass(frozen=True)
 class Next(Message):
+    """The job's next `count` batches (a job of its own batch size asks for every chunk of a
+    batch at once: assemble.py); the daemon answers each in order as it is ready."""
     TYPE: ClassVar[str] = "next"
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= MAX_NEXT:
+            raise ProtocolError(f"next count {self.count} is not 1 to {MAX_NEXT}")
 
 
 @dataclass(frozen=True)
 class Release(Message):
     TYPE: ClassVar[str] = "release"
     index: int         # global batch index (plan.py) the job is done with
+    count: int = 1     # ... and the count - 1 batches after it
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= MAX_NEXT:
+            raise ProtocolError(f"release count {self.count} is not 1 to {MAX_NEXT}")
 
 
 @dataclass(frozen=True)
@@ -405,6 +422,8 @@ FROM_WORKER = _registry(PrepDone, PrepFailed)
 def _fits(value: object, tp: Any) -> bool:
     """Whether `value` (decoded msgpack) is of the field type `tp`; a ``dict[...]`` field is checked
     as a map only (its keys and values are not looked at)."""
+    if tp is int:  # most fields: checked first (a bool is not one)
+        return type(value) is int and -2**63 <= value < 2**63
     if isinstance(tp, types.UnionType):
         return any(_fits(value, t) for t in typing.get_args(tp))
     if typing.get_origin(tp) is dict:
@@ -414,8 +433,6 @@ def _fits(value: object, tp: Any) -> bool:
     if typing.get_origin(tp) is list:
         (item,) = typing.get_args(tp)
         return _is_array(value) and all(_fits(v, item) for v in value)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
     return isinstance(value, tp)
 
 
@@ -432,7 +449,7 @@ def decode(body: bytes, accepted: dict[str, type[M]]) -> M:
     if cls is None:
         raise ProtocolError(f"message type {kind!r} is not one of {sorted(accepted)}")
     schema = _schema(cls)
-    if data.keys() != schema.keys():
+    if not _required(cls) <= data.keys() <= schema.keys():  # a field with a default may be left out
         raise ProtocolError(f"{kind!r} message has fields {sorted(map(str, data))}, "
                             f"expected {sorted(schema)}")
     for name, value in data.items():
@@ -446,6 +463,12 @@ def decode(body: bytes, accepted: dict[str, type[M]]) -> M:
 def _schema(cls: type[Message]) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields(cls)}
+
+
+@functools.cache
+def _required(cls: type[Message]) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls)
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 
 
 class FrameReader(Generic[M]):

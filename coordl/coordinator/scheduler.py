@@ -73,7 +73,7 @@ class Job:
     last_progress: float           # monotonic time of its last request or release
     epoch: int | None = None       # the epoch it iterates (None: between epochs)
     epoch_end: int = 0             # first batch after that epoch
-    waiting: bool = False          # a Next is pending until the batch is published
+    wanted: int = 0                # batches asked for (Next's count) and not answered yet
     batches: int = 0               # batches handed out in all
     holding: set[int] = field(default_factory=set[int])  # batch indices handed out, not released
     resume_epoch: int | None = None  # resumed mid-epoch: the epoch its first Begin continues
@@ -83,6 +83,11 @@ class Job:
     def needs(self, index: int) -> bool:
         return (not self.paused and self.cursor <= index
                 and (self.end is None or index < self.end))
+
+    @property
+    def waiting(self) -> bool:
+        """A Next is pending until its batch is published."""
+        return self.wanted > 0
 
     def unfinished(self) -> bool:
         """It has epochs to go (with --epochs): leaving now, it may come back to resume."""
@@ -159,8 +164,9 @@ class Scheduler:
             index += 1
 
     def _run_end(self, job: Job) -> int:
-        index = job.cursor
-        for index, _slot in self._run(job):
+        """The first batch after the job's run (its cursor when the run is empty)."""
+        index, in_ring = job.cursor, self.slots.by_index
+        while index in in_ring and job.needs(index):
             index += 1
         return index
 
@@ -186,18 +192,11 @@ class Scheduler:
             return []
         self.gathering, self.started = False, True
         self.full_since = None  # nobody could make progress while the window held the batches
-        out: list[tuple[int, p.Message]] = []
-        for job in self.jobs.values():
-            if job.waiting:
-                reply = self._deliver(job)
-                if reply is not None:
-                    job.waiting = False
-                    out.append((job.id, reply))
-        return out
+        return [(job.id, reply) for job in self.jobs.values() for reply in self._answer(job)]
 
     def begin(self, job_id: int, now: float) -> p.Message:
         job = self.jobs[job_id]
-        job.last_progress, job.waiting, job.begun, job.paused = now, False, True, False
+        job.last_progress, job.wanted, job.begun, job.paused = now, 0, True, False
         bpe = self.plan.batches_per_epoch
         if job.epoch is None and job.resume_epoch is not None:  # resumed: the rest of that epoch
             epoch, job.resume_epoch = job.resume_epoch, None
@@ -218,7 +217,7 @@ class Scheduler:
         """The job's iterator was dropped mid-epoch: it gives up the rest of the epoch (as a Begin
         would), lets go of every batch it holds and needs none until its next Begin."""
         job = self.jobs[job_id]
-        job.last_progress, job.waiting = now, False  # its cursor stays: the epoch is given up at
+        job.last_progress, job.wanted = now, 0  # its cursor stays: the epoch is given up at
         job.holding.clear()                          # Begin, and a job that leaves now has epochs to go
         job.paused = True
         self._freed(self.slots.drop(job.id))
@@ -241,18 +240,37 @@ class Scheduler:
             self._freed(freed)
 
     def next(self, job_id: int, now: float) -> p.Message | None:
-        """The reply to Next, or None when the job must wait for the batch."""
+        """The reply to Next (count 1), or None when the job must wait for the batch."""
+        replies = self.ask(job_id, now, 1)
+        return replies[0] if replies else None
+
+    def ask(self, job_id: int, now: float, count: int) -> list[p.Message]:
+        """The replies to Next(count) that can go now: the job's next batches that are ready, in
+        order; the rest are answered as they are published (`published`, `failed`, `tick`)."""
         job = self.jobs[job_id]
         job.last_progress = now
         if job.epoch is None or job.paused:
-            return p.Refused("Next before Begin: start an epoch first")
-        if job.cursor >= job.epoch_end:
-            epoch, job.epoch = job.epoch, None
-            return p.EndOfEpoch(epoch)
-        reply = None if self.gathering else self._deliver(job)  # None: in the ring later, or
-        # prepared again (a resumed job behind the ring: _next_needed)
-        job.waiting = reply is None
-        return reply
+            return [p.Refused("Next before Begin: start an epoch first")]
+        job.wanted += count
+        return self._answer(job)
+
+    def _answer(self, job: Job) -> list[p.Message]:
+        """What the job asked for and can have now: ready batches from its cursor on, and
+        EndOfEpoch (which answers every ask left) once its epoch has no batch left. None while
+        the join window holds the batches back; a batch not in the ring comes later, or is
+        prepared again (a resumed job behind the ring: _next_needed)."""
+        out: list[p.Message] = []
+        while job.wanted and job.epoch is not None and not self.gathering:
+            if job.cursor >= job.epoch_end:
+                out.append(p.EndOfEpoch(job.epoch))
+                job.epoch, job.wanted = None, 0
+                break
+            reply = self._deliver(job)
+            if reply is None:
+                break
+            job.wanted -= 1
+            out.append(reply)
+        return out
 
     def _deliver(self, job: Job) -> p.Message | None:
         slot = self.slots.by_index.get(job.cursor)
@@ -294,13 +312,13 @@ class Scheduler:
 
     def to_prepare(self, now: float) -> tuple[int, int] | None:
         """(slot, batch) to prepare next, claimed; None when there is nothing to do now."""
+        slot = self.slots.free_slot()
+        if slot is None:  # the batch needed matters only to note when the ring became full
+            if self.full_since is None and self._next_needed() is not None:
+                self.full_since = now
+            return None
         index = self._next_needed()
         if index is None:
-            return None
-        slot = self.slots.free_slot()
-        if slot is None:
-            if self.full_since is None:
-                self.full_since = now
             return None
         self.next_batch = max(self.next_batch, index + 1)
         self.slots.claim(slot, index, self.plan.epoch_of(index))
@@ -309,7 +327,7 @@ class Scheduler:
 
     def _holders(self, index: int) -> set[int]:
         """The jobs whose run holds `index` (a job behind a gap gets it prepared again later)."""
-        return {j.id for j in self.jobs.values() if any(i == index for i, _ in self._run(j))}
+        return {j.id for j in self.jobs.values() if j.cursor <= index < self._run_end(j)}
 
     def published(self, slot: int, rows: int) -> list[tuple[int, p.Message]]:
         self.slots.publish(slot, rows, self._holders(self.slots.index[slot]))
@@ -328,16 +346,8 @@ class Scheduler:
             self._extend(job)
 
     def _wake(self, index: int) -> list[tuple[int, p.Message]]:
-        if self.gathering:
-            return []
-        out: list[tuple[int, p.Message]] = []
-        for job in self.jobs.values():
-            if job.waiting and job.cursor == index:
-                reply = self._deliver(job)
-                if reply is not None:
-                    job.waiting = False
-                    out.append((job.id, reply))
-        return out
+        return [(job.id, reply) for job in self.jobs.values() if job.wanted and job.cursor == index
+                for reply in self._answer(job)]
 
     # -- faults and the end --
     def stragglers(self, now: float, timeout: float) -> list[int]:

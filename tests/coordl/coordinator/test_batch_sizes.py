@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import time
 
 import pytest
+import torch
 
 import coordl
 from coordl.coordinator.assemble import Cut
@@ -106,3 +108,56 @@ def test_a_drop_last_daemon_refuses_another_batch_size_naming_keep_last(tiny_roo
     same = coordl.DataLoader(ds, batch_size=4, shuffle=True, drop_last=True, coordinator=served.address)
     assert len(same) == 10
     same.coordinator.close()
+
+
+def test_messages_per_batch_not_per_chunk(tiny_root, serve):
+    """A job of batch 16 over chunks of 4 asks for a batch's 4 chunks with one Next, a batch ahead,
+    with the Releases of the chunks it used up (one Release per run of chunks): about two messages
+    per batch, and one write of replies per batch, where one per chunk each way was sent before."""
+    served = serve(tiny_root, slots=10)  # the whole epoch (10 chunks) fits the ring
+    ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=0)
+    loader = coordl.DataLoader(ds, batch_size=16, shuffle=True, timeout=60, coordinator=served.address)
+    it = iter(loader)  # Begin: the daemon prepares the epoch
+    deadline = time.monotonic() + 60
+    while served.status()["produced_batches"] < 10:  # every chunk ready before the first Next
+        assert time.monotonic() < deadline, "the daemon did not prepare the epoch"
+        time.sleep(0.01)
+    digests = [_digest(x, y) for x, y in it]
+    assert digests == _local(tiny_root, 16, False, 0)
+    (job,) = served.status()["jobs"]
+    batches, chunks = len(digests), 10
+    assert batches == 3
+    # hello, begin, then per batch: Next + Release; the end: Next (for EndOfEpoch) + the last Release
+    assert job["messages"] <= 2 + 2 * batches + 2 < 2 * chunks
+    assert job["writes"] <= 2 + batches + 1  # welcome, epoch start, one per batch, the end of the epoch
+    loader.coordinator.close()
+
+
+def test_copied_batches_reuse_their_memory(tiny_root, serve):
+    """A job of its own batch size copies each batch once into memory of its own, made again only
+    while the user keeps the batch: a loop that lets go of each batch uses two buffers."""
+    served = serve(tiny_root, slots=3)
+    ds = coordl.ImageFolder(tiny_root, transform="train", size=32, seed=0)
+    loader = coordl.DataLoader(ds, batch_size=6, shuffle=True, drop_last=True, timeout=60,
+                               coordinator=served.address)
+    pointers, kept = set(), []
+    for epoch in range(2):
+        digests = []
+        for x, y in loader:
+            pointers.add(x.untyped_storage().data_ptr())
+            digests.append(_digest(x, y))
+        assert digests == _local(tiny_root, 6, True, epoch)  # no batch overwritten while in hand
+    assert len(pointers) == 2 and loader.coordinator.out.misses == 0
+    for x, _ in loader:  # a user who keeps every batch: each keeps its memory
+        kept.append(x)
+    assert len({x.untyped_storage().data_ptr() for x in kept}) == len(kept) == 6
+    assert [_digest(x, torch.zeros(0, dtype=torch.int64)) for x in kept] == \
+        [_digest(x, torch.zeros(0, dtype=torch.int64)) for x, _ in _local_batches(tiny_root, 6, True, 2)]
+    loader.coordinator.close()
+
+
+def _local_batches(root, batch_size, drop_last, epoch):
+    ds = coordl.ImageFolder(root, transform="train", size=32, seed=0)
+    loader = coordl.DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=drop_last)
+    loader.set_epoch(epoch)
+    return [(x.clone(), y.clone()) for x, y in loader]

@@ -15,7 +15,7 @@ from coordl.errors import SampleError, at_item
 def test_every_message_round_trips():
     msgs = [p.Hello(2, "ab" * 32, "/data", 10, "train", 224, 5, "skip", 64, True, False, 42, [3, 224, 224], "uint8"),
             p.Begin(), p.Next(),
-            p.Release(7), p.Bye(), p.Status(), p.Resume(3, 4, 1)]
+            p.Release(7), p.Release(3, 4), p.Next(5), p.Bye(), p.Status(), p.Resume(3, 4, 1)]
     reader = p.FrameReader(p.TO_DAEMON, p.MAX_REQUEST)
     wire = b"".join(m.encode() for m in msgs)
     out = []
@@ -96,6 +96,9 @@ def test_direction_is_enforced():
     ({"type": "release", "index": True}, "is not"),
     ({"type": "release", "index": 1.5}, "is not"),
     ({"type": "release", "index": 2**64 - 1}, "is not"),
+    ({"type": "release", "index": 1, "count": 0}, "release count 0 is not 1 to"),
+    ({"type": "next", "count": -1}, "next count -1 is not 1 to"),
+    ({"type": "next", "count": "2"}, "is not"),
     ({"type": 5}, "not one of"),
     ([1, 2], "not a map"),
     ("hello", "not a map"),

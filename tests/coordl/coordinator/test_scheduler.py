@@ -289,8 +289,9 @@ class Sim:
             self.woken[job_id] = reply
 
     def step(self, job):
-        """One batch for `job`: its index, EndOfEpoch, or None (it waits)."""
-        reply = self.woken.pop(job.id, None) or self.s.next(job.id, 0)
+        """One batch for `job`: its index, EndOfEpoch, or None (it waits). A job that waits has
+        asked already (its Next is answered when the batch is published), as client.py's do."""
+        reply = self.woken.pop(job.id, None) or (None if job.waiting else self.s.next(job.id, 0))
         if isinstance(reply, p.Ready):
             self.got.setdefault(job.id, []).append(reply.index)
             self.s.release(job.id, reply.index, 0)
