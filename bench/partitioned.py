@@ -162,12 +162,16 @@ def local_reads(args) -> dict:
     items = list(range(min(len(ds), 640)))
     raws = [open(ds.manifest.path(i), "rb").read() for i in items]
     tmp = tempfile.mkdtemp(prefix="coordl-bench-redis-")
+    if len(os.fsencode(os.path.join(tmp, "redis.sock"))) > 100:  # sun_path holds 107 bytes: a long $TMPDIR
+        os.rmdir(tmp)  # would make redis-server exit at start
+        tmp = tempfile.mkdtemp(prefix="coordl-bench-redis-", dir="/tmp")
     proc, minio = None, None
     try:
         sock, port = os.path.join(tmp, "redis.sock"), _free_port()
         proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", sock,
                                  "--save", "", "--appendonly", "no", "--maxmemory", str(4 * sum(map(len, raws))),
-                                 "--maxmemory-policy", "noeviction", "--dir", tmp], stdout=subprocess.DEVNULL)
+                                 "--maxmemory-policy", "noeviction", "--dir", tmp, "--loglevel", "warning"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # its log: a few lines at start
         minio = coordl.MinIOCache(2 * sum(map(len, raws)), name=f"bench-local-{os.getpid()}")
         from coordl.cache.partitioned import redisnode
         redisnode.wait_ready(f"redis://127.0.0.1:{port}/0", proc)
