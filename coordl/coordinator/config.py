@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 from coordl import names
@@ -40,6 +41,16 @@ def check_socket_path(path: str) -> None:
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
         raise ConfigError(f"socket path {path!r} is longer than the {_SUN_PATH_MAX} bytes a Unix "
                           "socket allows: pass a shorter --socket")
+
+
+def socket_folder(prefix: str, name: str = "serve.sock") -> str:
+    """A new private folder (mkdtemp, mode 0700) for a socket `name`, in the temp dir ($TMPDIR), or
+    in /tmp where the temp dir's path is so long that the socket's would not fit sun_path."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    if len(os.fsencode(os.path.join(folder, name))) > _SUN_PATH_MAX and folder != "/tmp":
+        os.rmdir(folder)
+        folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    return folder
 
 
 def private_dir(path: str) -> None:

@@ -29,7 +29,8 @@ NOTE (lifecycle of every process and file):
 - daemon: a child of its actor in a session of its own (a terminal's Ctrl+C is the driver's to
   handle), `coordl serve` run by `_serve_main` with PR_SET_PDEATHSIG SIGTERM. Its socket and log
   (`serve.sock`, `serve.log`) live in a folder of the actor's, mkdtemp (mode 0700) in the node's
-  temp dir; its ring, as any daemon's, in COORDL_SHM_DIR (/dev/shm) under its own prefix.
+  temp dir (in /tmp where that path is too long for a socket); its ring, as any daemon's, in
+  COORDL_SHM_DIR (/dev/shm) under its own prefix.
 - the end: leaving the `with` block (normally, by an exception, by KeyboardInterrupt), or
   `prep.close()`, asks each actor to stop its daemon (SIGTERM: it unlinks its ring and removes
   its socket; SIGKILL after `stop_timeout` seconds, then its segments are removed by name),
@@ -57,10 +58,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
-from coordl.coordinator.config import ServeConfig
+from coordl.coordinator.config import ServeConfig, socket_folder
 from coordl.errors import ConfigError, CoordinatorError, CoordlError
 
 INSTALL_HINT = "pip install -e '.[ray]' (a user's install: pip install 'coordl[ray]')"
@@ -106,7 +106,8 @@ class NodeDaemon:
     the NOTE above). Ray makes it an actor class in `shared_prep`; it works as a plain object too."""
 
     def __init__(self, options: dict[str, Any]) -> None:
-        self.folder = tempfile.mkdtemp(prefix="coordl-ray-")  # mode 0700: the socket's private folder
+        self.folder = socket_folder("coordl-ray-")  # mode 0700: the socket's private folder (a long
+        # $TMPDIR: in /tmp, for the socket's path to fit)
         self.config = ServeConfig(**options, socket=os.path.join(self.folder, "serve.sock"))
         self.log = os.path.join(self.folder, "serve.log")
         self.proc: subprocess.Popen[bytes] | None = None

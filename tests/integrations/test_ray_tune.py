@@ -137,12 +137,13 @@ def test_a_node_daemon_serves_and_stops_without_ray(tiny_root, tmp_path, monkeyp
     from coordl.coordinator import segments
     from coordl.integrations.ray import NodeDaemon, serve_options
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tmp = tempfile.mkdtemp(prefix="rtn-", dir="/tmp")  # short: tmp_path may be too long for a socket
+    monkeypatch.setenv("TMPDIR", tmp)                   # (then the folder is in /tmp: socket_folder)
     tempfile.tempdir = None  # TMPDIR read again
     try:
         node = NodeDaemon(serve_options(tiny_root, 4, size=32, workers=1, join_window=0))
         where = node.start()
-        assert where["socket"] == os.path.join(node.folder, "serve.sock") and node.folder.startswith(str(tmp_path))
+        assert where["socket"] == os.path.join(node.folder, "serve.sock") and node.folder.startswith(tmp)
         assert node.status()["pid"] == where["pid"]
         loader = coordl.DataLoader(coordl.ImageFolder(tiny_root, size=32), batch_size=12, shuffle=True,
                                    coordinator="unix://" + where["socket"])
@@ -161,5 +162,7 @@ def test_a_node_daemon_serves_and_stops_without_ray(tiny_root, tmp_path, monkeyp
         assert killed.stop() == -signal.SIGKILL
         assert [n for n in os.listdir(segments.SHM_DIR) if n.startswith(prefix)] == []
         assert not os.path.exists(killed.folder)
+        assert os.listdir(tmp) == []
     finally:
         tempfile.tempdir = None
+        shutil.rmtree(tmp, ignore_errors=True)
