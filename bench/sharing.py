@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -50,7 +51,7 @@ def job_main(a) -> None:
     ds = coordl.ImageFolder(a.data, transform="train", size=a.size)
     loader = coordl.DataLoader(ds, batch_size=a.batch_size, shuffle=True,
                                coordinator="unix://" + a.socket)
-    cpu0 = time.process_time()
+    cpu0, ru0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
     images, batches, t_first = 0, 0, None
     for _ in range(a.epochs):
         for x, y in loader:
@@ -62,11 +63,14 @@ def job_main(a) -> None:
             if a.compute_ms:
                 time.sleep(x.shape[0] * a.compute_ms / 1e3)
     t_end = time.monotonic()
-    cpu = time.process_time() - cpu0
+    cpu, ru = time.process_time() - cpu0, resource.getrusage(resource.RUSAGE_SELF)
     stats = loader.coordinator.stats()
     span = t_end - (t_first or t_end)
     print("result " + json.dumps({
         "batch_size": a.batch_size, "images": images, "batches": batches, "cpu_s": cpu,
+        "user_s": ru.ru_utime - ru0.ru_utime, "system_s": ru.ru_stime - ru0.ru_stime,
+        "minor_faults": ru.ru_minflt - ru0.ru_minflt,
+        "buffer_misses": loader.coordinator.out.misses,
         "images_per_s": images / span if span > 0 else 0.0,
         "daemon_storage_bytes": stats["daemon_storage_bytes"], "daemon_decodes": stats["daemon_decodes"],
     }), flush=True)
@@ -143,7 +147,8 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="64,256,32,128,48,192,96,160", help="job j's batch size")
     ap.add_argument("--chunk", type=int, default=32, help="the daemon's --batch-size (its chunks)")
     ap.add_argument("--compute-ms", type=float, default=4.0, help="ms of compute (sleep) per image of a step")
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=4, help="epochs per job (a job's start, its attach and "
+                    "its batch buffers, is spread over them)")
     ap.add_argument("--workers", type=int, default=2, help="the daemon's prep workers")
     ap.add_argument("--slots", type=int, default=16, help="the daemon's ring slots (chunks)")
     ap.add_argument("--size", type=int, default=224)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from coordl.buffers import use_count
+from coordl.buffers import new_private, use_count
 from coordl.errors import CoordinatorError
 
 from . import protocol as p
@@ -122,7 +122,9 @@ class OutputBuffers:
 
 
 def _new_buffer(nbytes: int, pin: bool) -> torch.UntypedStorage:
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin).untyped_storage()
+    if pin:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).untyped_storage()
+    return new_private(nbytes)  # in 2 MiB pages: a few dozen page faults, not thousands
 
 
 def _view(buf: torch.UntypedStorage, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

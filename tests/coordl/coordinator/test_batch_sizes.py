@@ -161,3 +161,43 @@ def _local_batches(root, batch_size, drop_last, epoch):
     loader = coordl.DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=drop_last)
     loader.set_epoch(epoch)
     return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def _vm_flags(address: int) -> set[str]:
+    """The VmFlags of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.startswith("VmFlags:"):
+                return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_a_big_batch_buffer_is_asked_for_in_huge_pages():
+    """A job's batch buffers of 2 MiB or more are anonymous memory advised MADV_HUGEPAGE (its
+    first fill then takes a few dozen page faults, not one per 4 KiB), reused like any other:
+    the use count says when the user has let go, and the memory outlives the buffers list
+    while a batch on it is alive."""
+    from coordl.buffers import HUGE_PAGE, new_private
+    from coordl.coordinator.assemble import OutputBuffers
+
+    out = OutputBuffers(slots=2)
+    shape = (64, 224, 224, 3)  # 9.6 MB
+    a = out.take(shape, torch.uint8)
+    assert "hg" in _vm_flags(a.data_ptr())
+    a.fill_(7)
+    ptr = a.data_ptr()
+    b = out.take(shape, torch.uint8)  # `a` is alive: another buffer
+    assert b.data_ptr() != ptr and "hg" in _vm_flags(b.data_ptr())
+    del a
+    c = out.take(shape, torch.uint8)  # `a` let go: its memory again, contents as left
+    assert c.data_ptr() == ptr and int(c[0, 0, 0, 0]) == 7 and out.misses == 0
+    out._buffers[False].clear()  # the pool forgets it; `c` still holds the mapping
+    c.fill_(3)
+    assert int(c.sum()) == 3 * c.numel()
+    small = new_private(HUGE_PAGE - 1)  # under 2 MiB: torch's own memory
+    assert "hg" not in _vm_flags(small.data_ptr())
