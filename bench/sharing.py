@@ -12,7 +12,9 @@ daemon):
 - CPU seconds per epoch of the daemon (its process and prep workers: their CPU from the
   moment it listens until it exits, `os.wait4`'s rusage minus psutil's cpu_times at
   the start) plus every job (`time.process_time()` from its loader's creation, before it
-  attaches, to its last batch; imports excluded), against N = 1;
+  attaches, to its last batch; imports excluded), against N = 1: `--repeats` rounds, each
+  running every N once (interleaved, so that the machine's drift falls on all of them), and
+  per N the median of the rounds' ratios to their own N = 1, with min and max;
 - storage bytes and decodes per epoch: the daemon's own counters
   (`storage_bytes`, `decodes` of `Client.stats()`), against N = 1;
 - each job's images/s (its images / time from receiving its first batch to the end of its
@@ -152,6 +154,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="the daemon's prep workers")
     ap.add_argument("--slots", type=int, default=16, help="the daemon's ring slots (chunks)")
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of every N, interleaved; per N the median "
+                    "of each round's CPU ratio to that round's N = 1")
     ap.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--socket", default="", help=argparse.SUPPRESS)
     ap.add_argument("--batch-size", type=int, default=0, help=argparse.SUPPRESS)
@@ -168,18 +172,27 @@ def main() -> None:
         solo[b] = run(a, [b])
         print(f"alone b={b}: {solo[b]['jobs'][0]['images_per_s']:.0f} images/s, "
               f"{solo[b]['cpu_s_per_epoch']:.2f} CPU s/epoch", flush=True)
+    reps: list[dict[int, dict]] = []
+    for rep in range(a.repeats):  # interleaved: every N once per repeat, N = 1 its own baseline each time
+        reps.append({n: run(a, sizes[:n]) for n in ns})
+        print(f"repeat {rep + 1}: " + ", ".join(
+            f"N={n} {reps[-1][n]['cpu_s_per_epoch'] / reps[-1][ns[0]]['cpu_s_per_epoch']:.2f}x" for n in ns),
+            flush=True)
     runs = []
     for n in ns:
-        r = solo[sizes[0]] if n == 1 else run(a, sizes[:n])
-        base = solo[sizes[0]]
-        r = {**r, "cpu_ratio": r["cpu_s_per_epoch"] / base["cpu_s_per_epoch"],
+        ratios = [rep[n]["cpu_s_per_epoch"] / rep[ns[0]]["cpu_s_per_epoch"] for rep in reps]
+        k = sorted(range(len(reps)), key=lambda j: ratios[j])[(len(reps) - 1) // 2]  # the median repeat
+        r, base = reps[k][n], reps[k][ns[0]]
+        r = {**r, "cpu_ratio": ratios[k], "cpu_ratio_min": min(ratios), "cpu_ratio_max": max(ratios),
+             "cpu_ratios": ratios, "repeat": k,
              "storage_ratio": r["storage_bytes_per_epoch"] / base["storage_bytes_per_epoch"]}
         for job in r["jobs"]:
             job["vs_alone"] = job["images_per_s"] / solo[job["batch_size"]]["jobs"][0]["images_per_s"]
         runs.append(r)
-        print(f"N={n}: CPU {r['cpu_ratio']:.2f}x, storage {r['storage_ratio']:.2f}x, "
+        print(f"N={n}: CPU {r['cpu_ratio']:.2f}x (median of {len(reps)}; {min(ratios):.2f}-{max(ratios):.2f}), "
+              f"storage {r['storage_ratio']:.2f}x, "
               f"min images/s vs alone {min(j['vs_alone'] for j in r['jobs']):.2f}x", flush=True)
-    cfg = {k: getattr(a, k) for k in ("chunk", "compute_ms", "epochs", "workers", "slots", "size")}
+    cfg = {k: getattr(a, k) for k in ("chunk", "compute_ms", "epochs", "workers", "slots", "size", "repeats")}
     result = {"machine": report.machine(sorted(os.sched_getaffinity(0))), "dataset": report.dataset(a.data),
               "versions": report.versions(), "command": report.command(), "config": cfg,
               "alone": {str(b): r for b, r in solo.items()}, "runs": runs}
@@ -196,6 +209,8 @@ def markdown(r: dict) -> str:
         f"to uint8 {c['size']}x{c['size']}; {c['epochs']} epochs per job; compute {c['compute_ms']} ms per "
         "image of a step (sleep).  ",
         f"Command: `{r['command']}`", "",
+        f"CPU vs N=1: the median of {c.get('repeats', 1)} interleaved rounds' ratios (min-max); the CPU s/epoch "
+        "shown are the median round's.", "",
         "| N | batch sizes | CPU s/epoch (daemon + jobs) | CPU vs N=1 | storage MiB/epoch | storage vs N=1 "
         "| decodes/epoch | images/s per job vs alone (min-max) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
@@ -204,7 +219,9 @@ def markdown(r: dict) -> str:
         vs = [j["vs_alone"] for j in run["jobs"]]
         lines.append(f"| {run['n']} | {','.join(map(str, run['batch_sizes']))} | {run['cpu_s_per_epoch']:.2f} "
                      f"({run['daemon_cpu_s_per_epoch']:.2f} + {run['jobs_cpu_s_per_epoch']:.2f}) "
-                     f"| **{run['cpu_ratio']:.2f}x** | {run['storage_bytes_per_epoch'] / 2**20:.1f} "
+                     f"| **{run['cpu_ratio']:.2f}x** ({run.get('cpu_ratio_min', run['cpu_ratio']):.2f}-"
+                     f"{run.get('cpu_ratio_max', run['cpu_ratio']):.2f}) "
+                     f"| {run['storage_bytes_per_epoch'] / 2**20:.1f} "
                      f"| **{run['storage_ratio']:.2f}x** | {run['decodes_per_epoch']:.0f} "
                      f"| **{min(vs):.2f}x** ({min(vs):.2f}-{max(vs):.2f}) |")
     lines += ["", "Each job alone (the baseline of its images/s):", "",

@@ -46,7 +46,7 @@ import os
 import random
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -313,12 +313,12 @@ class CoordlDataset(torch.utils.data.Dataset):
         self.counters.add(storage_reads=len(read), storage_bytes=sum(len(raw) for raw in read.values()))
         admission.offer(self, read)
 
-    def _prep(self, raw, i: int, epoch: int) -> Any:
-        """`prep`, counted as one decode; its SampleError notes the item. The item's bytes, if
-        just read and held, are offered to the cache once it returned (`admission.admit`)."""
+    def _prep(self, raw, i: int, epoch: int, prep: Any = None) -> Any:
+        """`prep` (or the `prep` given), counted as one decode; its SampleError notes the item. The
+        item's bytes, if just read and held, are offered to the cache once it returned (`admission.admit`)."""
         self.counters.add(decodes=1)
         try:
-            sample = self.prep(raw, i, epoch)
+            sample = (prep or self.prep)(raw, i, epoch)
         except SampleError as e:
             raise at_item(e, i) from e.__cause__
         admission.admit(self, i)
@@ -342,14 +342,17 @@ class CoordlDataset(torch.utils.data.Dataset):
         if self.coordinator is not None:  # a loader a framework re-created from loader.dataset
             return self.coordinator.framework_batch(indices)  # (coordinator/client.py)
         epoch = epoch_of(indices, self.epoch)
+        if self.binding is not None and self.binding.encoded:
+            return self._encoded_batch(indices, epoch)
         out = [sample for _i, sample in self._prep_batch(indices, epoch)]
         self.counters.add(samples=len(out))
         return out
 
-    def _prep_batch(self, indices: Sequence[int], epoch: int) -> Iterator[tuple[int, Any]]:
+    def _prep_batch(self, indices: Sequence[int], epoch: int, prep: Any = None) -> Iterator[tuple[int, Any]]:
         """(item, sample) of each item of a batch whose bytes could be read and prepped, in order:
         the batch's bytes fetched together (`fetch_many`), a SampleError raised or counted and skipped;
-        the bytes read from storage are cached as each item's prep succeeds (`admission`)."""
+        the bytes read from storage are cached as each item's prep succeeds (`admission`). `prep`
+        (raw, i, epoch) -> sample stands for `self.prep` (DataLoader(device=...): the item's plan)."""
         items = [int(i) for i in indices]
         with admission.admitting(self):
             raws, errors = self.fetch_many(items)
@@ -357,11 +360,66 @@ class CoordlDataset(torch.utils.data.Dataset):
                 try:
                     if i in errors:
                         raise errors[i]
-                    sample = self._prep(raws[i], i, epoch)
+                    sample = self._prep(raws[i], i, epoch, prep)
                 except SampleError as e:
                     skip_or_raise(self.on_error, self.counters, e)
                     continue
                 yield i, sample
+
+    # -- DataLoader(device=...): the batch's bytes and crop plans; the training process decodes --
+    def device_contract(self) -> str:
+        """Why this dataset cannot go on DataLoader(device=...)'s path, or "" when it can.
+
+        A subclass of JPEG (or other image) items opts in by declaring ``transform = "train"``
+        (or ``"val"``: the built-in crops, as ImageFolder's) and ``size`` (224, or (h, w)), and
+        writing ``label(i) -> int``; its workers then send each item's bytes and its crop plan
+        drawn from ``self.rng(i, epoch)``, and `prep` is not called. Write `prep` as the same
+        pipeline on the CPU (``coordl.pipelines.cpu.train(raw, self.size, self.rng(i, epoch))``)
+        to get the same batches without ``device=``."""
+        name = type(self).__name__
+        if getattr(self, "transform", None) not in names.TRANSFORMS:
+            return (f"{name} has no transform='train' or 'val' (the built-in crops the device path draws); "
+                    "declare one, with `size` and `label(i)`")
+        if not callable(getattr(self, "label", None)):
+            return f"{name} has no label(i) -> int, which the device path sends with each item's bytes"
+        size = getattr(self, "size", None)
+        sizes = [size] if isinstance(size, int) else list(size) if isinstance(size, (tuple, list)) else []
+        if len(sizes) not in (1, 2) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                               for d in sizes) or (len(sizes) == 1 and not isinstance(size, int)):
+            return f"{name}.size={size!r} is not an output size: 224, or (height, width)"
+        return ""
+
+    def _sample_error(self, i: int, e: SampleError) -> SampleError:
+        """A decode failure of item i found after its worker (the device path's batch decode)."""
+        err = SampleError(f"{type(self).__name__} item {i}: {e}; pass on_error='skip' to skip such items")
+        return at_item(err, i)
+
+    def _plan(self, raw, i: int, epoch: int) -> tuple[bytes, Any]:
+        """Item i's bytes and crop plan (pipelines/batchprep.py), drawn as the CPU pipeline draws."""
+        from coordl.pipelines import batchprep
+
+        me: Any = self  # transform and size are the subclass's (device_contract checked them)
+        transform = str(me.transform)
+        rng = self.rng(i, epoch) if transform == "train" else None
+        try:
+            return bytes(raw), batchprep.plan_item(raw, transform, me.size, rng)
+        except SampleError as e:  # the bytes' header: not an image, or one the pipeline refuses
+            raise self._sample_error(i, e) from None
+
+    def _encoded_batch(self, indices: Sequence[int], epoch: int) -> Any:
+        """An `EncodedBatch` of the items whose bytes could be read and planned (every fetch path,
+        skips and counters as `__getitems__`), with their `label(i)` s."""
+        from coordl.batch import EncodedBatch
+
+        raws, plans, kept, labels = [], [], [], []
+        label = cast(Any, self).label  # the subclass's (device_contract checked it)
+        for i, (raw, plan) in self._prep_batch(indices, epoch, self._plan):
+            raws.append(raw)
+            plans.append(plan)
+            kept.append(i)
+            labels.append(int(label(i)))
+        self.counters.add(samples=len(kept))
+        return EncodedBatch(raws, plans, kept, torch.tensor(labels, dtype=torch.int64))
 
     # -- the coordinator daemon (coordl serve --dataset pkg.mod:Class) --
     def served_as(self) -> tuple[str, Any, Any]:

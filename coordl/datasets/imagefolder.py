@@ -285,6 +285,12 @@ class ImageFolder(CoordlDataset):
             torch.utils.data.default_collate([self._target(i) for i in kept])
         return PreparedBatch(images[:n].permute(0, 3, 1, 2), targets, kept, pooled)
 
+    def device_contract(self) -> str:
+        """"" when DataLoader(device=...) can take this dataset: with transform 'train' or 'val'."""
+        if self.transform in names.TRANSFORMS:
+            return ""
+        return f"{type(self).__name__}(transform={self.transform!r}): the device path takes 'train' or 'val'"
+
     def _encoded_batch(self, indices: Sequence[int], epoch: int) -> EncodedBatch:
         """The batch's bytes and plans (DataLoader(device=...)), through the same `prep_rows` (every
         fetch path, skips and counters), with the decode swapped for `batchprep.plan_item`."""

@@ -46,7 +46,6 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from coordl import names
 from coordl.batch import collate
 from coordl.buffers import EXTRA_SLOTS
 from coordl.coordinator.client import connect
@@ -561,9 +560,12 @@ def _check_device(dataset: Any, device: Any, dtype: Any, decoder: str, backend: 
     if backend != "cpu" or coordinator is not None:
         raise ConfigError("device= prepares batches in this process; it does not go with backend='dali' or "
                           "coordinator=: drop one of them")
-    if getattr(dataset, "transform", None) not in names.TRANSFORMS or not hasattr(dataset, "_encoded_batch"):
+    why = dataset.device_contract() if isinstance(dataset, CoordlDataset) else \
+        f"{type(dataset).__name__} is not a coordl.CoordlDataset"
+    if why:
         raise ConfigError(f"device={str(device)!r} needs a coordl.ImageFolder or coordl.WebDataset with "
-                          f"transform='train' or 'val'; {type(dataset).__name__} is not one")
+                          f"transform='train' or 'val', or a coordl.CoordlDataset that declares transform, size "
+                          f"and label(i) (docs/gpu-prep.md): {why}")
     if dtype not in batchaug.OUT_DTYPES:
         raise ConfigError(f"device_dtype={dtype!r}: use torch.uint8, torch.float32, torch.float16 or torch.bfloat16")
     if decoder not in batchdecode.DECODERS:

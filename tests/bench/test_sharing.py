@@ -30,7 +30,7 @@ def test_sharing_curve_counts(root, tmp_path):
     out = str(tmp_path / "sharing")
     argv = [sys.executable, os.path.join(REPO, "bench", "sharing.py"), "--data", root, "--ns", "1,2",
             "--batch-sizes", ",".join(map(str, SIZES)), "--chunk", "4", "--size", "32", "--compute-ms", "0",
-            "--epochs", str(EPOCHS), "--workers", "1", "--slots", "8", "--out", out]
+            "--epochs", str(EPOCHS), "--workers", "1", "--slots", "8", "--repeats", "2", "--out", out]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out + ".json") as f:
@@ -40,7 +40,9 @@ def test_sharing_curve_counts(root, tmp_path):
     assert sorted(res["alone"]) == sorted(str(b) for b in SIZES)
     assert [r["n"] for r in res["runs"]] == [1, 2]
     assert [r["batch_sizes"] for r in res["runs"]] == [[8], [8, 16]]
-    assert res["runs"][0]["cpu_ratio"] == 1.0  # N = 1 is its own baseline
+    assert res["runs"][0]["cpu_ratio"] == 1.0  # N = 1 is its own baseline, in every round
+    assert res["runs"][0]["cpu_ratios"] == [1.0, 1.0] and len(res["runs"][1]["cpu_ratios"]) == 2
+    assert res["runs"][1]["cpu_ratio_min"] <= res["runs"][1]["cpu_ratio"] <= res["runs"][1]["cpu_ratio_max"]
     # storage bytes per epoch: every JPEG read once, whatever the number of jobs
     dataset_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
     for run in [*res["alone"].values(), *res["runs"]]:

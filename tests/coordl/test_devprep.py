@@ -204,3 +204,95 @@ def test_cuda_batches_come_from_a_side_stream_and_the_pool(photo_root):
         coordl.ImageFolder(photo_root, "train", size=64, seed=7), batch_size=5, device="cuda",
         decoder="auto", device_buffers=0)]
     assert sums == plain and len(ptrs) <= 3 and loader.stats()["gpu_buffer_misses"] == 0
+
+
+# -- a user's own CoordlDataset of JPEGs on the device path --
+
+class _Jpegs(coordl.CoordlDataset):
+    """A user's dataset of JPEG files with the device path's contract: transform, size, label(i).
+    Its files are ImageFolder's, in ImageFolder's order, so the batches can be compared."""
+
+    transform = "train"
+
+    def __init__(self, root: str, size: int, seed: int, on_error: str = "raise") -> None:
+        super().__init__(seed=seed, on_error=on_error)
+        m = coordl.ImageFolder(root, manifest_cache="off").manifest
+        self.paths, self.labels, self.size = [m.path(i) for i in range(len(m.labels))], m.labels.tolist(), size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def fingerprint(self) -> str:
+        return "jpegs:" + ",".join(f"{p}:{os.stat(p).st_size}" for p in self.paths)
+
+    def read(self, i: int) -> bytes:
+        with open(self.paths[i], "rb") as f:
+            return f.read()
+
+    def label(self, i: int) -> int:
+        return self.labels[i]
+
+    def prep(self, raw, i: int, epoch: int | None = None):
+        from coordl.pipelines import cpu
+
+        image = cpu.train(raw, self.size, self.rng(i, epoch))
+        return torch.from_numpy(image).permute(2, 0, 1), self.labels[i]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_users_coordl_dataset_of_jpegs_gets_the_cpu_pipelines_batches(photo_root, workers):
+    """The same items, labels, crops and flips as ImageFolder's CPU pipeline (PSNR >= 30 dB), and as
+    the dataset's own `prep` on the CPU; decodes counted on the device path, `prep` never called."""
+    ref, _ = _train_epoch(photo_root, 0)
+    ds = _Jpegs(photo_root, 64, seed=3)
+    loader = coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers, device="cpu", decoder="cpu")
+    got = [(i.clone(), t.clone()) for i, t in loader]
+    own = coordl.DataLoader(ds, batch_size=8, shuffle=True)  # the user's prep, on the CPU
+    assert len(got) == len(ref) == 3
+    for (gi, gl), (ri, rl), (oi, ol) in zip(got, ref, own):
+        assert gi.shape == ri.shape and torch.equal(gl, rl) and torch.equal(ol, rl)
+        assert torch.equal(oi, ri)  # the user's prep draws from self.rng: ImageFolder's pixels
+        assert min(_psnr(a, b) for a, b in zip(gi, ri)) >= 30.0
+    stats = loader.stats()
+    assert stats["gpu_decodes"] == stats["samples"] == 24 and stats["storage_reads"] == 24
+
+
+def test_a_users_dataset_with_a_bad_jpeg_raises_naming_the_item_or_skips_it(photo_root, tmp_path):
+    root = str(tmp_path / "data")
+    shutil.copytree(photo_root, root)
+    ds = _Jpegs(root, 32, seed=0)
+    k = 5
+    raw = open(ds.paths[k], "rb").read()
+    h = raw.index(b"\xff\xc4")
+    with open(ds.paths[k], "wb") as f:  # a bogus Huffman table: header and markers pass, the decode fails
+        f.write(raw[:h + 5] + bytes([0xFF] * 16) + raw[h + 21:])
+    loader = coordl.DataLoader(ds, batch_size=24, device="cpu", decoder="cpu")
+    with pytest.raises(SampleError, match=f"_Jpegs item {k}:"):
+        next(iter(loader))
+    loader = coordl.DataLoader(_Jpegs(root, 32, seed=0, on_error="skip"), batch_size=24, device="cpu",
+                               decoder="cpu")
+    (images, labels), = list(loader)
+    stats = loader.stats()
+    assert images.shape[0] == len(labels) == 23 and stats["errors_skipped"] == 1 and stats["samples"] == 23
+    with open(ds.paths[k], "wb") as f:  # not an image at all: refused by its worker, when planned
+        f.write(b"not a jpeg")
+    with pytest.raises(SampleError, match=f"_Jpegs item {k}: not an image"):
+        list(coordl.DataLoader(_Jpegs(root, 32, seed=0), batch_size=24, device="cpu", decoder="cpu"))
+
+
+def test_a_users_dataset_without_the_contract_is_refused_saying_what_is_missing(photo_root):
+    class NoLabel(_Jpegs):
+        label = None  # type: ignore[assignment]
+
+    class NoTransform(_Jpegs):
+        transform = None  # type: ignore[assignment]
+
+    with pytest.raises(ConfigError, match=r"NoLabel has no label\(i\)"):
+        coordl.DataLoader(NoLabel(photo_root, 32, 0), batch_size=4, device="cpu")
+    with pytest.raises(ConfigError, match="NoTransform has no transform='train' or 'val'"):
+        coordl.DataLoader(NoTransform(photo_root, 32, 0), batch_size=4, device="cpu")
+    bad = _Jpegs(photo_root, 32, 0)
+    bad.size = (32,)  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match=r"_Jpegs.size=\(32,\) is not an output size"):
+        coordl.DataLoader(bad, batch_size=4, device="cpu")
