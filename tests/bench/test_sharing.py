@@ -43,6 +43,7 @@ def test_sharing_curve_counts(root, tmp_path):
     assert res["runs"][0]["cpu_ratio"] == 1.0  # N = 1 is its own baseline, in every round
     assert res["runs"][0]["cpu_ratios"] == [1.0, 1.0] and len(res["runs"][1]["cpu_ratios"]) == 2
     assert res["runs"][1]["cpu_ratio_min"] <= res["runs"][1]["cpu_ratio"] <= res["runs"][1]["cpu_ratio_max"]
+    assert res["runs"][0]["steady_cpu_ratio"] == 1.0 and res["runs"][1]["steady_cpu_ratio"] > 0
     # storage bytes per epoch: every JPEG read once, whatever the number of jobs
     dataset_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
     for run in [*res["alone"].values(), *res["runs"]]:
@@ -52,6 +53,7 @@ def test_sharing_curve_counts(root, tmp_path):
         for job in run["jobs"]:
             assert job["images"] == EPOCHS * IMAGES
             assert job["batches"] == EPOCHS * -(-IMAGES // job["batch_size"])
+            assert len(job["epoch_cpu_s"]) == EPOCHS and abs(sum(job["epoch_cpu_s"]) - job["cpu_s"]) < 1e-6
     assert res["runs"][1]["storage_ratio"] == 1.0
     assert all("vs_alone" in job for run in res["runs"] for job in run["jobs"])
     assert sum(line.startswith(("| 1 | 8 |", "| 2 | 8,16 |")) for line in md.splitlines()) == 2
