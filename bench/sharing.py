@@ -193,9 +193,11 @@ def main() -> None:
         ratios = [rep[n]["cpu_s_per_epoch"] / rep[ns[0]]["cpu_s_per_epoch"] for rep in reps]
         k = sorted(range(len(reps)), key=lambda j: ratios[j])[(len(reps) - 1) // 2]  # the median repeat
         r, base = reps[k][n], reps[k][ns[0]]
+        med = {key: sorted(rep[n][key] for rep in reps)[(len(reps) - 1) // 2]  # each N's own median over rounds
+               for key in ("cpu_s_per_epoch", "daemon_cpu_s_per_epoch", "jobs_cpu_s_per_epoch")}
         steady = sorted(rep[n]["steady_cpu_s_per_epoch"] / rep[ns[0]]["steady_cpu_s_per_epoch"] for rep in reps)
         r = {**r, "cpu_ratio": ratios[k], "cpu_ratio_min": min(ratios), "cpu_ratio_max": max(ratios),
-             "cpu_ratios": ratios, "repeat": k, "steady_cpu_ratio": steady[(len(steady) - 1) // 2],
+             "cpu_ratios": ratios, "repeat": k, "median": med, "steady_cpu_ratio": steady[(len(steady) - 1) // 2],
              "steady_cpu_ratio_min": steady[0], "steady_cpu_ratio_max": steady[-1],
              "storage_ratio": r["storage_bytes_per_epoch"] / base["storage_bytes_per_epoch"]}
         for job in r["jobs"]:
@@ -222,18 +224,19 @@ def markdown(r: dict) -> str:
         f"to uint8 {c['size']}x{c['size']}; {c['epochs']} epochs per job; compute {c['compute_ms']} ms per "
         "image of a step (sleep).  ",
         f"Command: `{r['command']}`", "",
-        f"CPU vs N=1: the median of {c.get('repeats', 1)} interleaved rounds' ratios (min-max); the CPU s/epoch "
-        "shown are the median round's. After the first epoch: the same with each job's CPU of its epochs after "
-        "its first (a job's start, its attach and the first touch of its batch buffers, left out; the daemon's "
-        "whole run kept).", "",
+        f"CPU vs N=1: the median of {c.get('repeats', 1)} interleaved rounds' ratios to their own N = 1 (min-max); "
+        "CPU s/epoch: each N's median over the rounds. After the first epoch: the same with each job's CPU of "
+        "its epochs after its first (a job's start, its attach and the first touch of its batch buffers, left "
+        "out; the daemon's whole run kept).", "",
         "| N | batch sizes | CPU s/epoch (daemon + jobs) | CPU vs N=1 | CPU vs N=1 after the first epoch "
         "| storage MiB/epoch | storage vs N=1 | decodes/epoch | images/s per job vs alone (min-max) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in r["runs"]:
         vs = [j["vs_alone"] for j in run["jobs"]]
-        lines.append(f"| {run['n']} | {','.join(map(str, run['batch_sizes']))} | {run['cpu_s_per_epoch']:.2f} "
-                     f"({run['daemon_cpu_s_per_epoch']:.2f} + {run['jobs_cpu_s_per_epoch']:.2f}) "
+        med = run.get("median", run)
+        lines.append(f"| {run['n']} | {','.join(map(str, run['batch_sizes']))} | {med['cpu_s_per_epoch']:.2f} "
+                     f"({med['daemon_cpu_s_per_epoch']:.2f} + {med['jobs_cpu_s_per_epoch']:.2f}) "
                      f"| **{run['cpu_ratio']:.2f}x** ({run.get('cpu_ratio_min', run['cpu_ratio']):.2f}-"
                      f"{run.get('cpu_ratio_max', run['cpu_ratio']):.2f}) "
                      f"| **{run['steady_cpu_ratio']:.2f}x** ({run['steady_cpu_ratio_min']:.2f}-"
