@@ -224,7 +224,7 @@ def markdown(r: dict) -> str:
         f"to uint8 {c['size']}x{c['size']}; {c['epochs']} epochs per job; compute {c['compute_ms']} ms per "
         "image of a step (sleep).  ",
         f"Command: `{r['command']}`", "",
-        f"CPU vs N=1: the median of {c.get('repeats', 1)} interleaved rounds' ratios to their own N = 1 (min-max); "
+        f"CPU vs N=1: the median of {c['repeats']} interleaved rounds' ratios to their own N = 1 (min-max); "
         "CPU s/epoch: each N's median over the rounds. After the first epoch: the same with each job's CPU of "
         "its epochs after its first (a job's start, its attach and the first touch of its batch buffers, left "
         "out; the daemon's whole run kept).", "",
@@ -234,11 +234,10 @@ def markdown(r: dict) -> str:
     ]
     for run in r["runs"]:
         vs = [j["vs_alone"] for j in run["jobs"]]
-        med = run.get("median", run)
+        med = run["median"]
         lines.append(f"| {run['n']} | {','.join(map(str, run['batch_sizes']))} | {med['cpu_s_per_epoch']:.2f} "
                      f"({med['daemon_cpu_s_per_epoch']:.2f} + {med['jobs_cpu_s_per_epoch']:.2f}) "
-                     f"| **{run['cpu_ratio']:.2f}x** ({run.get('cpu_ratio_min', run['cpu_ratio']):.2f}-"
-                     f"{run.get('cpu_ratio_max', run['cpu_ratio']):.2f}) "
+                     f"| **{run['cpu_ratio']:.2f}x** ({run['cpu_ratio_min']:.2f}-{run['cpu_ratio_max']:.2f}) "
                      f"| **{run['steady_cpu_ratio']:.2f}x** ({run['steady_cpu_ratio_min']:.2f}-"
                      f"{run['steady_cpu_ratio_max']:.2f}) "
                      f"| {run['storage_bytes_per_epoch'] / 2**20:.1f} "

@@ -59,6 +59,20 @@ from coordl.errors import ConfigError, SampleError, at_item
 from coordl.pipelines import crop
 
 
+def check_size(size: Any) -> int | tuple[int, int]:
+    """`size` as the image datasets keep it: a positive int, or (height, width) of two when they differ."""
+    def positive(v: Any) -> bool:  # a bool is not a size
+        return bool((type(v) is int or isinstance(v, np.integer)) and v > 0)
+
+    if positive(size):
+        return int(size)
+    if isinstance(size, (tuple, list)) and len(size) == 2 and all(positive(v) for v in size):
+        h, w = int(size[0]), int(size[1])
+        return h if h == w else (h, w)
+    raise ConfigError(f"size={size!r} must be a positive int (height = width) or (height, width) of "
+                      "two positive ints, as torchvision takes it: e.g. size=224 or size=(224, 160)")
+
+
 def epoch_of(indices: Sequence[int], default: int) -> int:
     """The epoch the loader tagged a batch (or its first index) with, else the dataset's own."""
     epoch = getattr(indices, "epoch", None)
@@ -382,11 +396,10 @@ class CoordlDataset(torch.utils.data.Dataset):
                     "declare one, with `size` and `label(i)`")
         if not callable(getattr(self, "label", None)):
             return f"{name} has no label(i) -> int, which the device path sends with each item's bytes"
-        size = getattr(self, "size", None)
-        sizes = [size] if isinstance(size, int) else list(size) if isinstance(size, (tuple, list)) else []
-        if len(sizes) not in (1, 2) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
-                                               for d in sizes) or (len(sizes) == 1 and not isinstance(size, int)):
-            return f"{name}.size={size!r} is not an output size: 224, or (height, width)"
+        try:
+            check_size(getattr(self, "size", None))
+        except ConfigError as e:
+            return f"{name}.{e}"
         return ""
 
     def _sample_error(self, i: int, e: SampleError) -> SampleError:

@@ -37,7 +37,7 @@ from coordl.batch import EncodedBatch, PreparedBatch
 from coordl.buffers import WorkerBuffers, new_shared
 from coordl.cache.storage import localfile, readers
 from coordl.datasets import admission, sources
-from coordl.datasets.base import CoordlDataset, cached, epoch_of
+from coordl.datasets.base import CoordlDataset, cached, check_size, epoch_of
 from coordl.datasets.onerror import READABLE, sample_error, skip_or_raise
 from coordl.errors import ConfigError, SampleError, at_item
 from coordl.manifest.build import IMG_EXTENSIONS, scan
@@ -58,26 +58,14 @@ def _read_ahead(ds: ImageFolder, items: list[int]) -> dict[int, concurrent.futur
 
 def check_pipeline_args(transform: Any, size: Any, on_error: Any) -> int | tuple[int, int]:
     """The image pipeline's arguments, shared by ImageFolder and WebDataset: ConfigError naming a
-    bad one; the size as `_check_size` normalises it."""
+    bad one; the size as `check_size` normalises it."""
     if isinstance(transform, str) and transform not in names.TRANSFORMS:
         raise ConfigError(f"transform={transform!r} is not known: use 'train', 'val', None or a callable")
     if on_error not in names.ON_ERROR:
         raise ConfigError(f"on_error={on_error!r} must be 'raise' or 'skip'")
-    return _check_size(size)
+    return check_size(size)
 
 
-def _check_size(size: Any) -> int | tuple[int, int]:
-    """`size` as ImageFolder keeps it: a positive int, or (height, width) of two when they differ."""
-    def positive(v: Any) -> bool:  # a bool is not a size
-        return bool((type(v) is int or isinstance(v, np.integer)) and v > 0)
-
-    if positive(size):
-        return int(size)
-    if isinstance(size, (tuple, list)) and len(size) == 2 and all(positive(v) for v in size):
-        h, w = int(size[0]), int(size[1])
-        return h if h == w else (h, w)
-    raise ConfigError(f"size={size!r} must be a positive int (height = width) or (height, width) of "
-                      "two positive ints, as torchvision takes it: e.g. size=224 or size=(224, 160)")
 
 
 

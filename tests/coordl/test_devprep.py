@@ -294,5 +294,5 @@ def test_a_users_dataset_without_the_contract_is_refused_saying_what_is_missing(
         coordl.DataLoader(NoTransform(photo_root, 32, 0), batch_size=4, device="cpu")
     bad = _Jpegs(photo_root, 32, 0)
     bad.size = (32,)  # type: ignore[assignment]
-    with pytest.raises(ConfigError, match=r"_Jpegs.size=\(32,\) is not an output size"):
+    with pytest.raises(ConfigError, match=r"_Jpegs.size=\(32,\) must be a positive int"):
         coordl.DataLoader(bad, batch_size=4, device="cpu")
