@@ -57,6 +57,7 @@ def main() -> None:
             loader.dataset.cache.drop()
     with open(os.path.join(out, f"rank{acc.process_index}.json"), "w") as f:
         json.dump(record, f)
+    acc.end_training()  # destroys the process group before the interpreter's teardown (see lightning_job.py)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ def main() -> None:
               "global_step": trainer.global_step, "current_epoch": trainer.current_epoch}
     with open(os.path.join(out, f"steps-rank{trainer.global_rank}.json"), "w") as f:
         json.dump(record, f)
+    # gloo's threads must stop before the interpreter does: a group left to its teardown aborts the
+    # process now and then ("terminate called without an active exception", torch's documented
+    # shutdown is destroy_process_group at the end of main)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
