@@ -746,14 +746,22 @@ def run_pairs(part: Side, ref: Side, pairs: int) -> dict:
             rows[s.side].append(got[s.side][0])
         (prows, pcpu), (rrows, rcpu) = got["partitioned"], got["reference"]
         times.append(max(x["time_s"] for x in prows) / max(x["time_s"] for x in rrows))
-        cpus.append((pcpu["total_s"] + pcpu["machine_irq_s"]) / (rcpu["total_s"] + rcpu["machine_irq_s"]))
-        print(f"bench: pair {k + 1}: partitioned / reference epoch time {times[-1]:.3f}, CPU {cpus[-1]:.3f}",
+        cpus.append(cpu_ratio(pcpu["total_s"] + pcpu["machine_irq_s"], rcpu["total_s"] + rcpu["machine_irq_s"]))
+        print(f"bench: pair {k + 1}: partitioned / reference epoch time {times[-1]:.3f}, CPU {cpus[-1]}",
               flush=True)
+    measured = [x for x in cpus if x is not None]
     return {"pairs": pairs, "time_ratios": [round(x, 3) for x in times],
             "median_time_ratio": round(statistics.median(times), 3), "min_time_ratio": round(min(times), 3),
-            "max_time_ratio": round(max(times), 3), "cpu_ratios": [round(x, 3) for x in cpus],
-            "median_cpu_ratio": round(statistics.median(cpus), 3),
+            "max_time_ratio": round(max(times), 3), "cpu_ratios": cpus,
+            "median_cpu_ratio": round(statistics.median(measured), 3) if measured else None,
             "within_1_2x": statistics.median(times) <= 1.2, "rows": rows}
+
+
+def cpu_ratio(part_s: float, ref_s: float) -> float | None:
+    """partitioned / reference CPU seconds, rounded; None where the reference side's CPU is 0:
+    /proc counts CPU in clock ticks (10 ms), and a tiny epoch (the tests' 24 images) can take
+    less than one tick in every process of a side."""
+    return round(part_s / ref_s, 3) if ref_s > 0 else None
 
 
 def _runs(proc: subprocess.Popen, word: str) -> bool:
@@ -823,12 +831,16 @@ def shape(args, sides: dict, cpu: dict) -> dict:
         # ratio of the sides' own CPU (and the interrupts) is what the time ratio would be with
         # the machine to themselves, whatever else ran beside this run
         own = {side: [c[e]["total_s"] + c[e]["machine_irq_s"] for e in later] for side, c in cpu.items()}
-        out["cpu_ratio_partitioned_over_reference"] = round(statistics.median(own["partitioned"])
-                                                            / statistics.median(own["reference"]), 3)
+        out["cpu_ratio_partitioned_over_reference"] = cpu_ratio(statistics.median(own["partitioned"]),
+                                                                statistics.median(own["reference"]))
         per_item = [x / part[e]["remote_items"] for x, e in zip(extra, later) if part[e]["remote_items"]]
         if per_item:
             out["extra_cpu_ms_per_remote_item"] = round(1e3 * statistics.median(per_item), 3)
     return out
+
+
+def _ratio_text(x: float | None) -> str:
+    return "n/a (under one clock tick of CPU)" if x is None else str(x)
 
 
 def markdown(args, result: dict) -> str:
@@ -879,7 +891,7 @@ def markdown(args, result: dict) -> str:
                   + (f", {sh_['extra_cpu_ms_per_remote_item']} ms per remote item"
                      if "extra_cpu_ms_per_remote_item" in sh_ else "")
                   + f"; CPU (this run's processes and the interrupts) partitioned / reference "
-                  f"{sh_['cpu_ratio_partitioned_over_reference']} (the time ratio of a CPU-bound epoch on a "
+                  f"{_ratio_text(sh_['cpu_ratio_partitioned_over_reference'])} (the time ratio of a CPU-bound epoch on a "
                   "machine with nothing else running)."]
     if "interleaved" in sh_:
         iv = sh_["interleaved"]
@@ -887,8 +899,8 @@ def markdown(args, result: dict) -> str:
                   "partitioned and reference with both clusters alive, so that whatever else the machine does "
                   f"falls on both): partitioned / reference epoch time per pair {iv['time_ratios']}, median "
                   f"**{iv['median_time_ratio']}** (min {iv['min_time_ratio']}, max {iv['max_time_ratio']}; "
-                  f"target <= 1.2: {'met' if iv['within_1_2x'] else 'NOT met'}); CPU per pair {iv['cpu_ratios']}, "
-                  f"median {iv['median_cpu_ratio']}."]
+                  f"target <= 1.2: {'met' if iv['within_1_2x'] else 'NOT met'}); CPU per pair "
+                  f"[{', '.join(_ratio_text(x) for x in iv['cpu_ratios'])}], median {_ratio_text(iv['median_cpu_ratio'])}."]
     lines += ["", f"Load average (1/5/15 min) before the run {fmt_load(result['load_before'])}, after "
               f"{fmt_load(result['load_after'])}, on {result['machine']['cores_online']} "
               "CPU(s).", "", "Command:", "", "    " + result["command"], ""]

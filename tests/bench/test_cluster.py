@@ -136,3 +136,11 @@ def test_sigkill_leaves_objects_that_cleanup_removes(root):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _leftovers_gone() == []
+
+
+def test_a_side_with_no_measurable_cpu_gives_no_ratio_rather_than_a_crash():
+    # /proc counts CPU in 10 ms ticks: a tiny epoch can show 0 s for the whole reference side
+    # (CI: ZeroDivisionError in run_pairs); the ratio is then None and the markdown says why
+    assert cluster.cpu_ratio(0.02, 0.0) is None
+    assert cluster.cpu_ratio(0.03, 0.02) == 1.5
+    assert cluster._ratio_text(None).startswith("n/a") and cluster._ratio_text(1.5) == "1.5"
