@@ -891,8 +891,8 @@ def markdown(args, result: dict) -> str:
                   + (f", {sh_['extra_cpu_ms_per_remote_item']} ms per remote item"
                      if "extra_cpu_ms_per_remote_item" in sh_ else "")
                   + f"; CPU (this run's processes and the interrupts) partitioned / reference "
-                  f"{_ratio_text(sh_['cpu_ratio_partitioned_over_reference'])} (the time ratio of a CPU-bound epoch on a "
-                  "machine with nothing else running)."]
+                  f"{_ratio_text(sh_['cpu_ratio_partitioned_over_reference'])} (the time ratio of a CPU-bound "
+                  "epoch on a machine with nothing else running)."]
     if "interleaved" in sh_:
         iv = sh_["interleaved"]
         lines += ["", f"Interleaved pairs ({iv['pairs']} epochs of each side after their own epochs, alternating "
@@ -900,7 +900,8 @@ def markdown(args, result: dict) -> str:
                   f"falls on both): partitioned / reference epoch time per pair {iv['time_ratios']}, median "
                   f"**{iv['median_time_ratio']}** (min {iv['min_time_ratio']}, max {iv['max_time_ratio']}; "
                   f"target <= 1.2: {'met' if iv['within_1_2x'] else 'NOT met'}); CPU per pair "
-                  f"[{', '.join(_ratio_text(x) for x in iv['cpu_ratios'])}], median {_ratio_text(iv['median_cpu_ratio'])}."]
+                  f"[{', '.join(_ratio_text(x) for x in iv['cpu_ratios'])}], "
+                  f"median {_ratio_text(iv['median_cpu_ratio'])}."]
     lines += ["", f"Load average (1/5/15 min) before the run {fmt_load(result['load_before'])}, after "
               f"{fmt_load(result['load_after'])}, on {result['machine']['cores_online']} "
               "CPU(s).", "", "Command:", "", "    " + result["command"], ""]
